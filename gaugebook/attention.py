@@ -1,0 +1,168 @@
+"""Multi-head attention with per-head weights: MHA, GQA, MQA, RoPE and gated RoPE.
+
+Weights use the per-head layout of TransformerLens, activations multiply from the right::
+
+    q_h = x W_Q[h] + b_Q[h]                 # [B, T, d_head]
+    k_g = x W_K[g] + b_K[g],  v_g = x W_V[g] + b_V[g]   # g = kv_group(h) = h // (n_heads / n_kv_heads)
+    A_h = softmax(q_h k_g^T / sqrt(d_head) + causal mask)
+    out = sum_h A_h v_g W_O[h] + b_O         # [B, T, d_model]
+
+With ``rope=True`` queries and keys are rotated (see :mod:`gaugebook.rope`). With
+``rope="gated"`` the rotated queries and keys are also multiplied coordinate-wise by learned,
+input-dependent gates ``2 sigmoid(x W_G)``: the book's concrete instance of the source's
+gated RoPE ``q' = G_t R_t q``. Because a coordinate-wise gate does not commute with the
+rotation inside a plane, it shrinks the QK gauge group (chapter 5).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gaugebook.rope import rope_frequencies, rotate
+
+ROPE_MODES = (False, True, "gated")
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal (or bidirectional) multi-head attention with grouped key/value heads.
+
+    Args:
+        d_model: width of the residual stream.
+        n_heads: number of query heads.
+        d_head: width of a query/key head (``d_k``).
+        n_kv_heads: number of key/value heads; ``n_heads`` (default) is MHA, ``1`` is MQA.
+        d_value: width of a value head (``d_v``); defaults to ``d_head``.
+        bias: add learned biases ``b_Q, b_K, b_V, b_O``.
+        rope: ``False``, ``True`` or ``"gated"``.
+        rope_base: RoPE base (10000 as in Su et al. 2021).
+        rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``.
+        causal: mask future positions.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, *, n_kv_heads: int | None = None,
+                 d_value: int | None = None, bias: bool = False, rope: bool | str = False,
+                 rope_base: float = 10000.0, rotary_dim: int | None = None, causal: bool = True,
+                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        d_value = d_head if d_value is None else d_value
+        for name, value in dict(d_model=d_model, n_heads=n_heads, d_head=d_head,
+                                n_kv_heads=n_kv_heads, d_value=d_value).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        if rope not in ROPE_MODES:
+            raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
+        self.n_kv_heads, self.d_value, self.causal = n_kv_heads, d_value, causal
+        self.rope, self.rope_base = rope, rope_base
+        self.rotary_dim = (d_head if rotary_dim is None else rotary_dim) if rope else 0
+        if rope and not 0 < self.rotary_dim <= d_head:
+            raise ValueError(f"rotary_dim must be in (0, d_head={d_head}], got {self.rotary_dim}")
+
+        def weight(*shape):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype))
+
+        self.W_Q = weight(n_heads, d_model, d_head)
+        self.W_K = weight(n_kv_heads, d_model, d_head)
+        self.W_V = weight(n_kv_heads, d_model, d_value)
+        self.W_O = weight(n_heads, d_value, d_model)
+        if bias:
+            self.b_Q, self.b_K = weight(n_heads, d_head), weight(n_kv_heads, d_head)
+            self.b_V, self.b_O = weight(n_kv_heads, d_value), weight(d_model)
+        else:
+            self.register_parameter("b_Q", None), self.register_parameter("b_K", None)
+            self.register_parameter("b_V", None), self.register_parameter("b_O", None)
+        if rope == "gated":
+            self.W_GQ = weight(n_heads, d_model, d_head)
+            self.W_GK = weight(n_kv_heads, d_model, d_head)
+        if rope:
+            self.register_buffer("rope_freqs", rope_frequencies(self.rotary_dim, rope_base,
+                                                                dtype=torch.float64),
+                                 persistent=False)
+        self.reset_parameters(generator)
+
+    @property
+    def has_bias(self) -> bool:
+        return self.b_Q is not None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head, ``G = n_heads / n_kv_heads``."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_group(self, head: int | torch.Tensor):
+        """Index of the key/value head that query head ``head`` reads."""
+        return head // self.group_size
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Gaussian weights with variance 1/fan_in; biases uniform in +-1/sqrt(fan_in) as in
+        ``nn.Linear``, so every parameter is generic (no accidental zeros)."""
+        for name, param in self.named_parameters():
+            fan_in = self.d_model if name != "W_O" else self.n_heads * self.d_value
+            if name.startswith("W_"):
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64)
+                            / math.sqrt(fan_in))
+            else:
+                u = torch.rand(param.shape, generator=generator, dtype=torch.float64)
+                param.copy_((2 * u - 1) / math.sqrt(fan_in))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"d_head={self.d_head}, d_value={self.d_value}, bias={self.has_bias}, "
+                f"rope={self.rope!r}, causal={self.causal}")
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"expected input of shape [B, T, d_model={self.d_model}], "
+                             f"got {tuple(x.shape)}")
+
+    def project(self, x: torch.Tensor, query_shift=None, value_shift=None):
+        """Queries, keys and values (rotated and gated where configured).
+
+        ``query_shift [n_heads, d_head]`` and ``value_shift [n_kv_heads, d_value]`` (or
+        broadcastable) are unlearned additive biases, used by :mod:`gaugebook.breaking`.
+        Returns ``q [B, H, T, d_head]``, ``k [B, H_kv, T, d_head]``, ``v [B, H_kv, T, d_value]``.
+        """
+        self._check_input(x)
+        q = torch.einsum("btd,hde->bhte", x, self.W_Q)  # (B, H, T, dk)
+        k = torch.einsum("btd,gde->bgte", x, self.W_K)  # (B, Hkv, T, dk)
+        v = torch.einsum("btd,gde->bgte", x, self.W_V)  # (B, Hkv, T, dv)
+        if self.has_bias:
+            q, k, v = q + self.b_Q[:, None], k + self.b_K[:, None], v + self.b_V[:, None]
+        if query_shift is not None:
+            q = q + query_shift.to(q.dtype)[..., None, :]
+        if value_shift is not None:
+            v = v + value_shift.to(v.dtype)[..., None, :]
+        if self.rope:
+            positions = torch.arange(x.shape[1], device=x.device)
+            freqs = self.rope_freqs.to(x.device)
+            q, k = rotate(q, positions, freqs), rotate(k, positions, freqs)
+        if self.rope == "gated":
+            q = q * 2 * torch.sigmoid(torch.einsum("btd,hde->bhte", x, self.W_GQ))
+            k = k * 2 * torch.sigmoid(torch.einsum("btd,gde->bgte", x, self.W_GK))
+        return q, k, v
+
+    def attention_pattern(self, x: torch.Tensor, query_shift=None) -> torch.Tensor:
+        """Attention probabilities ``A [B, H, T, T]`` (rows sum to one)."""
+        q, k, _ = self.project(x, query_shift)
+        k = k.repeat_interleave(self.group_size, dim=1)  # (B, H, T, dk)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
+        if self.causal:
+            T = x.shape[1]
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        return scores.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor, *, query_shift=None, value_shift=None) -> torch.Tensor:
+        """``x [B, T, d_model] -> [B, T, d_model]``."""
+        q, k, v = self.project(x, query_shift, value_shift)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, dv)
+        out = torch.einsum("bhte,hed->btd", z, self.W_O)  # (B, T, d_model)
+        return out + self.b_O if self.has_bias else out

@@ -1,0 +1,318 @@
+r"""The gauge group of multi-head attention, as objects that act on modules.
+
+A :class:`GaugeElement` is a product of primitive factors; ``element.act(module)`` returns a
+transformed deep copy and leaves ``module`` untouched. With ``g(h)`` the key/value head of query
+head ``h`` (``g(h) = h`` in MHA), the primitives are
+
+* :class:`QKTransform` ``M [n_kv, d_head, d_head]``:
+  ``W_Q[h] -> W_Q[h] M_{g(h)}``, ``b_Q[h] -> b_Q[h] M_{g(h)}``,
+  ``W_K[g] -> W_K[g] M_g^{-T}``, ``b_K[g] -> b_K[g] M_g^{-T}``, so that
+  ``q k^T -> q M M^{-1} k^T = q k^T``. (The source's ``W_K -> W_K M`` is *not* a symmetry.)
+* :class:`VOTransform` ``N [n_kv, d_value, d_value]``:
+  ``W_V[g] -> W_V[g] N_g``, ``b_V[g] -> b_V[g] N_g``, ``W_O[h] -> N_{g(h)}^{-1} W_O[h]``.
+* :class:`HeadPermutation` ``perm [n_heads]``: head ``i`` of the result is head ``perm[i]`` of the
+  input. Under GQA it must carry whole key/value groups to whole groups (the wreath product
+  ``S_G \wr S_{n_kv}``); the key/value heads follow.
+* :class:`KeyBiasShift` ``t [n_kv, d_head]``: ``b_K -> b_K + t``. Without RoPE, ``q_t (b_K + t)^T``
+  is the same for every key position and cancels in the softmax.
+* :class:`ValueBiasShift` ``t [n_kv, d_value]``: ``b_V -> b_V + t``,
+  ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``; attention rows sum to one, so a value bias is a
+  constant output shift.
+
+With RoPE the QK matrices must commute with every rotation ``R_t``: per rotation plane a
+complex scalar ``a I + b J`` (``a I`` alone for gated RoPE), and any invertible block on the
+unrotated coordinates.
+
+Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.linalg import DTYPE, check_invertible, random_gl, spread
+
+__all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
+           "ValueBiasShift", "random_element", "identity", "invariance_error",
+           "rope_commutant_element", "attention_modules"]
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Overwrite parameter ``name`` in place, computing in float64 and casting back."""
+    param = getattr(module, name)
+    with torch.no_grad():
+        param.copy_(value.to(param.dtype))
+
+
+def _get(module: nn.Module, name: str) -> torch.Tensor:
+    return getattr(module, name).detach().to(DTYPE)
+
+
+def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
+    """Raise a ``ValueError`` naming every size of ``what`` that ``module`` does not match."""
+    wrong = [f"{k}={v} but the module has {getattr(module, k)}" for k, v in sizes.items()
+             if getattr(module, k) != v]
+    if wrong:
+        raise ValueError(f"{what} does not fit this module: " + "; ".join(wrong))
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A primitive gauge transformation of the attention module at ``target`` (a submodule path,
+    ``""`` for the module itself)."""
+
+    target: str = field(default="", kw_only=True)
+
+    def apply_(self, module: MultiHeadAttention) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def inverse(self) -> "Factor":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class QKTransform(Factor):
+    """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
+
+    M: torch.Tensor  # [n_kv, d_head, d_head]
+
+    def __post_init__(self):
+        object.__setattr__(self, "M", check_invertible(self.M, "QKTransform.M"))
+
+    def apply_(self, m):
+        _expect(m, "QKTransform", n_kv_heads=self.M.shape[0], d_head=self.M.shape[-1])
+        M_q = self.M.repeat_interleave(m.group_size, dim=0)  # (H, dk, dk)
+        M_invT = torch.linalg.inv(self.M).transpose(-1, -2)  # (Hkv, dk, dk)
+        _set(m, "W_Q", _get(m, "W_Q") @ M_q)
+        _set(m, "W_K", _get(m, "W_K") @ M_invT)
+        if m.has_bias:
+            _set(m, "b_Q", (_get(m, "b_Q")[:, None] @ M_q)[:, 0])
+            _set(m, "b_K", (_get(m, "b_K")[:, None] @ M_invT)[:, 0])
+
+    def inverse(self):
+        return QKTransform(torch.linalg.inv(self.M), target=self.target)
+
+
+@dataclass(frozen=True)
+class VOTransform(Factor):
+    """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
+
+    N: torch.Tensor  # [n_kv, d_value, d_value]
+
+    def __post_init__(self):
+        object.__setattr__(self, "N", check_invertible(self.N, "VOTransform.N"))
+
+    def apply_(self, m):
+        _expect(m, "VOTransform", n_kv_heads=self.N.shape[0], d_value=self.N.shape[-1])
+        N_inv = torch.linalg.inv(self.N).repeat_interleave(m.group_size, dim=0)  # (H, dv, dv)
+        _set(m, "W_V", _get(m, "W_V") @ self.N)
+        _set(m, "W_O", N_inv @ _get(m, "W_O"))
+        if m.has_bias:
+            _set(m, "b_V", (_get(m, "b_V")[:, None] @ self.N)[:, 0])
+
+    def inverse(self):
+        return VOTransform(torch.linalg.inv(self.N), target=self.target)
+
+
+@dataclass(frozen=True)
+class HeadPermutation(Factor):
+    """Relabel heads: head ``i`` of the result is head ``perm[i]`` of the input."""
+
+    perm: torch.Tensor  # [n_heads], a permutation
+
+    def __post_init__(self):
+        perm = torch.as_tensor(self.perm, dtype=torch.long)
+        if perm.ndim != 1 or not torch.equal(perm.sort().values, torch.arange(len(perm))):
+            raise ValueError(f"perm must be a permutation of 0..n-1, got {perm.tolist()}")
+        object.__setattr__(self, "perm", perm)
+
+    def kv_permutation(self, group_size: int) -> torch.Tensor:
+        """The induced permutation of key/value heads; error if groups are split."""
+        groups = (self.perm // group_size).view(-1, group_size)  # (Hkv, G)
+        if not (groups == groups[:, :1]).all():
+            raise ValueError(f"head permutation {self.perm.tolist()} splits a key/value group of "
+                             f"size {group_size}: under GQA whole groups must move together")
+        return groups[:, 0]
+
+    def apply_(self, m):
+        _expect(m, "HeadPermutation", n_heads=len(self.perm))
+        kv = self.kv_permutation(m.group_size)
+        for name in ("W_Q", "b_Q", "W_O", "W_GQ"):
+            if getattr(m, name, None) is not None:
+                _set(m, name, _get(m, name)[self.perm])
+        for name in ("W_K", "b_K", "W_V", "b_V", "W_GK"):
+            if getattr(m, name, None) is not None:
+                _set(m, name, _get(m, name)[kv])
+
+    def inverse(self):
+        return HeadPermutation(torch.argsort(self.perm), target=self.target)
+
+
+@dataclass(frozen=True)
+class KeyBiasShift(Factor):
+    """``b_K -> b_K + t``: a symmetry without RoPE, where ``q_t b_K^T`` cancels in the softmax."""
+
+    t: torch.Tensor  # [n_kv, d_head]
+
+    def apply_(self, m):
+        if not m.has_bias:
+            raise ValueError("KeyBiasShift needs a module with bias=True")
+        _expect(m, "KeyBiasShift", n_kv_heads=self.t.shape[0], d_head=self.t.shape[1])
+        _set(m, "b_K", _get(m, "b_K") + self.t.to(DTYPE))
+
+    def inverse(self):
+        return KeyBiasShift(-self.t, target=self.target)
+
+
+@dataclass(frozen=True)
+class ValueBiasShift(Factor):
+    """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``."""
+
+    t: torch.Tensor  # [n_kv, d_value]
+
+    def apply_(self, m):
+        if not m.has_bias:
+            raise ValueError("ValueBiasShift needs a module with bias=True")
+        _expect(m, "ValueBiasShift", n_kv_heads=self.t.shape[0], d_value=self.t.shape[1])
+        t = self.t.to(DTYPE)
+        t_heads = t.repeat_interleave(m.group_size, dim=0)  # (H, dv)
+        _set(m, "b_V", _get(m, "b_V") + t)
+        _set(m, "b_O", _get(m, "b_O") - torch.einsum("he,hed->d", t_heads, _get(m, "W_O")))
+
+    def inverse(self):
+        return ValueBiasShift(-self.t, target=self.target)
+
+
+class GaugeElement:
+    """A gauge-group element: the product of its factors, applied first to last."""
+
+    def __init__(self, factors=()):
+        self.factors = tuple(factors)
+        for f in self.factors:
+            if not isinstance(f, Factor):
+                raise TypeError(f"a gauge factor must be a Factor, got {type(f).__name__}")
+
+    def act(self, module: nn.Module) -> nn.Module:
+        """Return a transformed deep copy of ``module``."""
+        out = copy.deepcopy(module)
+        for f in self.factors:
+            target = out.get_submodule(f.target)
+            if not isinstance(target, MultiHeadAttention):
+                raise TypeError(f"{type(f).__name__} acts on MultiHeadAttention, but "
+                                f"{f.target or 'the module'} is a {type(target).__name__}")
+            f.apply_(target)
+        return out
+
+    def inverse(self) -> "GaugeElement":
+        return GaugeElement(f.inverse() for f in reversed(self.factors))
+
+    def __matmul__(self, other: "GaugeElement") -> "GaugeElement":
+        if not isinstance(other, GaugeElement):
+            return NotImplemented
+        return GaugeElement(other.factors + self.factors)
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{type(f).__name__}({f.target!r})" if f.target else type(f).__name__
+                          for f in self.factors)
+        return f"GaugeElement([{names}])"
+
+
+def identity() -> GaugeElement:
+    return GaugeElement()
+
+
+def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    """Every :class:`MultiHeadAttention` inside ``module`` (itself included), with its path."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, MultiHeadAttention)]
+
+
+def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: bool = False,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random ``M [d_head, d_head]`` that commutes with every RoPE rotation ``R_t``.
+
+    On plane ``(i, i + r/2)`` it is ``rho (cos phi I + sin phi J)`` (a complex scalar; ``phi = 0``
+    and ``rho`` of either sign for gated RoPE, whose coordinate-wise gates forbid the rotation);
+    on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one for gated
+    RoPE). Condition number ``cond``.
+    """
+    half, rest = rotary_dim // 2, d_head - rotary_dim
+    scales = spread(half + rest, cond, generator=generator)
+    rho, s_rest = scales[:half], scales[half:]
+    M = torch.zeros(d_head, d_head, dtype=DTYPE)
+    i = torch.arange(half)
+    if gated:
+        sign = torch.randint(0, 2, (half,), generator=generator).to(DTYPE) * 2 - 1
+        M[i, i] = M[i + half, i + half] = sign * rho
+    else:
+        phi = 2 * torch.pi * torch.rand(half, generator=generator, dtype=DTYPE)
+        M[i, i] = M[i + half, i + half] = rho * torch.cos(phi)
+        M[i, i + half], M[i + half, i] = rho * torch.sin(phi), -rho * torch.sin(phi)
+    if rest and gated:  # coordinate-wise gates commute only with diagonal matrices
+        sign = torch.randint(0, 2, (rest,), generator=generator).to(DTYPE) * 2 - 1
+        M[rotary_dim:, rotary_dim:] = torch.diag(sign * s_rest)
+    elif rest:
+        block_cond = (s_rest.max() / s_rest.min()).item()
+        block = random_gl(rest, block_cond, generator=generator)
+        M[rotary_dim:, rotary_dim:] = block / torch.linalg.svdvals(block).max() * s_rest.max()
+    return M
+
+
+def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
+    """A uniform element of the wreath product: permute groups, then heads within each group."""
+    G = m.group_size
+    groups = torch.randperm(m.n_kv_heads, generator=generator)
+    within = torch.stack([torch.randperm(G, generator=generator) for _ in range(m.n_kv_heads)])
+    return (groups[:, None] * G + within).flatten()
+
+
+def _random_attention_element(m: MultiHeadAttention, cond: float, generator, target: str):
+    if m.rope:
+        M = torch.stack([rope_commutant_element(m.d_head, m.rotary_dim, cond,
+                                                gated=m.rope == "gated", generator=generator)
+                         for _ in range(m.n_kv_heads)])
+    else:
+        M = torch.stack([random_gl(m.d_head, cond, generator=generator)
+                         for _ in range(m.n_kv_heads)])
+    N = torch.stack([random_gl(m.d_value, cond, generator=generator)
+                     for _ in range(m.n_kv_heads)])
+    factors = [QKTransform(M, target=target), VOTransform(N, target=target),
+               HeadPermutation(_random_head_permutation(m, generator), target=target)]
+    if m.has_bias:
+        shape_v = (m.n_kv_heads, m.d_value)
+        factors.append(ValueBiasShift(torch.randn(shape_v, generator=generator, dtype=DTYPE),
+                                      target=target))
+        if not m.rope:
+            shape_k = (m.n_kv_heads, m.d_head)
+            factors.append(KeyBiasShift(torch.randn(shape_k, generator=generator, dtype=DTYPE),
+                                        target=target))
+    return factors
+
+
+def random_element(module: nn.Module, *, cond: float = 10.0,
+                   generator: torch.Generator | None = None) -> GaugeElement:
+    """A random element of ``module``'s full continuous gauge group (times a head permutation).
+
+    Every attention layer inside ``module`` gets its own QK and VO matrices (each of 2-norm
+    condition number ``cond``; RoPE-commuting where RoPE is on), a head permutation and, with
+    biases, key- and value-bias shifts.
+    """
+    layers = attention_modules(module)
+    if not layers:
+        raise TypeError(f"{type(module).__name__} contains no MultiHeadAttention to act on")
+    return GaugeElement(f for name, m in layers
+                        for f in _random_attention_element(m, cond, generator, name))
+
+
+@torch.no_grad()
+def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float:
+    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs."""
+    def output(m):
+        y = m(*inputs)
+        return y[0] if isinstance(y, tuple) else y
+
+    before, after = output(module), output(element.act(module))
+    return ((after - before).abs().max() / before.abs().max()).item()

@@ -1,0 +1,55 @@
+"""Random matrices with a prescribed condition number, and checks for singular ones."""
+from __future__ import annotations
+
+import torch
+
+DTYPE = torch.float64
+
+
+def random_orthogonal(n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A Haar-random matrix of O(n): QR of a Gaussian matrix with the signs of R's diagonal fixed."""
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=DTYPE))
+    return q * torch.sign(torch.diagonal(r))[None, :]
+
+
+def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``n`` positive numbers in ``[cond^{-1/2}, cond^{1/2}]``, log-uniform, in random order, whose
+    largest/smallest ratio is exactly ``cond`` (for ``n >= 2``; a single number is 1)."""
+    if cond < 1:
+        raise ValueError(f"a condition number is at least 1, got {cond}")
+    if n == 1:
+        return torch.ones(1, dtype=DTYPE)
+    u = torch.rand(n, generator=generator, dtype=DTYPE)
+    u[:2] = torch.tensor([0.0, 1.0], dtype=DTYPE)
+    u = u[torch.randperm(n, generator=generator)]
+    return torch.tensor(cond, dtype=DTYPE) ** (u - 0.5)
+
+
+def random_gl(n: int, cond: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``U diag(s) V^T`` with Haar ``U, V`` and singular values ``s`` from :func:`spread`:
+    an element of GL(n) with 2-norm condition number exactly ``cond`` (1 when ``n == 1``)."""
+    s = spread(n, cond, generator=generator)
+    sign = 1.0 if n > 1 else float(torch.randint(0, 2, (1,), generator=generator)) * 2 - 1
+    return sign * random_orthogonal(n, generator=generator) @ torch.diag(s) @ \
+        random_orthogonal(n, generator=generator).T
+
+
+def check_invertible(matrices: torch.Tensor, name: str) -> torch.Tensor:
+    """Validate a stack ``[n, d, d]`` of invertible matrices; return it as float64.
+
+    Raises ``ValueError`` for a wrong shape, a non-finite entry, or a matrix whose condition
+    number exceeds ``1/eps`` (numerically singular).
+    """
+    matrices = torch.as_tensor(matrices).detach().to(DTYPE)
+    if matrices.ndim != 3 or matrices.shape[-1] != matrices.shape[-2]:
+        raise ValueError(f"{name} must be a stack of square matrices [n_groups, d, d], "
+                         f"got shape {tuple(matrices.shape)}")
+    if not torch.isfinite(matrices).all():
+        raise ValueError(f"{name} has non-finite entries")
+    cond = torch.linalg.cond(matrices)
+    limit = 1 / torch.finfo(DTYPE).eps
+    bad = torch.nonzero(~(cond < limit)).flatten().tolist()
+    if bad:
+        raise ValueError(f"{name}[{bad[0]}] is singular (condition number "
+                         f"{cond[bad[0]].item():.3g} >= 1/eps = {limit:.3g})")
+    return matrices

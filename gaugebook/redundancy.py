@@ -1,0 +1,141 @@
+r"""Redundant parameter directions: measured by Jacobian rank, predicted by the gauge group.
+
+At parameters ``theta`` a direction ``delta`` is *redundant* (to first order) when it does not
+change the function on the probe inputs: ``J delta = 0`` with ``J = d model(x) / d theta``. The
+number of such directions is ``n_params - rank(J)``. At generic weights and with enough generic
+inputs it equals the dimension of the gauge orbit through ``theta`` (chapter 6).
+
+Tolerance: a singular value counts as zero when it is at most
+``rtol * s_max`` with ``rtol = max(J.shape) * eps_float64`` (the convention of
+``numpy.linalg.matrix_rank``). The ratio ``gap = s_rank / s_{rank+1}`` between the last kept and
+the first dropped singular value is reported: at a true gauge direction it is about ``1e10`` or
+more; a gap near 1 means the count is not trustworthy.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacfwd, jacrev
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gaugebook.attention import MultiHeadAttention
+
+__all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "factor_redundancy"]
+
+
+@dataclass(frozen=True)
+class Redundancy:
+    """Result of :func:`redundancy`; ``dimension = n_params - rank``."""
+
+    n_params: int
+    rank: int
+    dimension: int
+    singular_values: torch.Tensor  # descending, float64
+    tolerance: float
+    gap: float
+
+    def __str__(self) -> str:
+        return (f"{self.n_params} parameters, Jacobian rank {self.rank}, redundant dimension "
+                f"{self.dimension} (spectral gap {self.gap:.2g})")
+
+
+def _to_float64(value):
+    return value.double() if torch.is_tensor(value) and value.is_floating_point() else value
+
+
+def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
+    """``J [n_outputs, n_params]`` of ``model(*inputs)`` (first element of a tuple) with respect to
+    all trainable parameters, in float64, by ``torch.func`` (forward or reverse mode, whichever
+    needs fewer passes)."""
+    model = copy.deepcopy(model).double()
+    inputs = tuple(_to_float64(x) for x in inputs)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p.detach() for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    shapes, sizes = [p.shape for p in params], [p.numel() for p in params]
+    flat = torch.cat([p.reshape(-1) for p in params])
+
+    def output(theta):  # [n_params] -> [n_outputs]
+        chunks = theta.split(sizes)
+        values = {n: c.view(s) for n, c, s in zip(names, chunks, shapes)}
+        y = functional_call(model, values, inputs)
+        return (y[0] if isinstance(y, tuple) else y).reshape(-1)
+
+    with torch.no_grad():
+        n_out = output(flat).numel()
+    jac = jacfwd if flat.numel() <= n_out else jacrev
+    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernels lack forward-mode and vmap rules
+        return jac(output)(flat)
+
+
+def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundancy:
+    """Numerical rank of the Jacobian of ``model(*inputs)`` with respect to its parameters.
+
+    Use enough generic inputs that the output count exceeds the expected rank (a warning says
+    when the rank is capped by the number of outputs).
+    """
+    J = jacobian(model, *inputs)
+    n_out, n_params = J.shape
+    s = torch.linalg.svdvals(J)
+    rtol = max(J.shape) * torch.finfo(torch.float64).eps if rtol is None else rtol
+    tol = rtol * s[0].item()
+    rank = int((s > tol).sum())
+    if rank == n_out < n_params:
+        warnings.warn(f"the Jacobian rank equals the number of outputs ({n_out}): use more or "
+                      "longer inputs to probe the function fully", stacklevel=2)
+    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    return Redundancy(n_params, rank, n_params - rank, s, tol, gap)
+
+
+def factor_redundancy(m: int, n: int, k: int) -> int:
+    """Redundancy of the product map ``(A [m, k], B [n, k]) -> A B^T``.
+
+    Its image is the set of ``m x n`` matrices of rank at most ``r = min(k, m, n)``, of dimension
+    ``r (m + n - r)``; so ``(m + n) k - r (m + n - r)`` parameter directions are lost. For
+    ``k <= min(m, n)`` this is ``k^2 = dim GL(k)``; for ``k > n`` the GL(k) action has a stabiliser.
+    """
+    r = min(k, m, n)
+    return (m + n) * k - r * (m + n - r)
+
+
+@functools.singledispatch
+def predicted_redundancy(model: nn.Module) -> int:
+    """The gauge theory's count of redundant directions of ``model`` at generic weights."""
+    raise TypeError(f"no redundancy prediction for {type(model).__name__}")
+
+
+@predicted_redundancy.register
+def _(m: MultiHeadAttention) -> int:
+    """Sum over key/value groups of the QK and VO sectors, plus bias directions.
+
+    For each group of ``G`` query heads sharing one key/value head (``D = d_model``, ``b = 1``
+    with biases):
+
+    * QK without RoPE: queries ``[x, 1] W~_Q`` of all ``G`` heads against keys ``x W_K``: the
+      factor map has redundancy ``factor_redundancy(G (D + b), D, d_head)`` (``= d_head^2``
+      when ``d_head <= D``), and ``b_K`` cancels in the softmax (``d_head`` more).
+    * QK with RoPE: the commutant of the rotations: 2 per rotation plane (1 with gated RoPE),
+      and on the ``u = d_head - rotary_dim`` unrotated coordinates the plain count with
+      ``b_K`` cancelling there (per coordinate 1 with gated RoPE).
+    * VO: ``factor_redundancy(D, G D, d_value)`` (``= d_value^2``), plus ``d_value`` from ``b_V``,
+      whose contribution ``b_V W_O`` is a constant that ``b_O`` absorbs.
+
+    Assumes ``d_model >= 2`` and, with RoPE, inputs longer than ``d_head`` tokens.
+    """
+    D, G, b, dk, dv = m.d_model, m.group_size, int(m.has_bias), m.d_head, m.d_value
+    if not m.rope:
+        qk = factor_redundancy(G * (D + b), D, dk) + b * dk
+    elif m.rope == "gated":
+        qk = m.rotary_dim // 2 + (dk - m.rotary_dim)
+    else:
+        u = dk - m.rotary_dim
+        qk = m.rotary_dim + factor_redundancy(G * (D + b), D, u) + b * u
+    vo = factor_redundancy(D, G * D, dv) + b * dv
+    return m.n_kv_heads * (qk + vo)
