@@ -1,0 +1,19 @@
+"""Shared fixtures: the suite runs its numerical checks in float32 and float64 (as e3nn does)."""
+import pytest
+import torch
+
+
+@pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture
+def generator():
+    return torch.Generator().manual_seed(1234)
+
+
+def tolerance(dtype: torch.dtype, cond: float = 10.0) -> float:
+    """Relative round-off allowed for a gauge action of condition number ``cond``:
+    ``100 * cond * eps`` (chapter 4 measures the constant, which is far below 100)."""
+    return 100 * cond * torch.finfo(dtype).eps

@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.redundancy import factor_redundancy, predicted_redundancy, redundancy
+
+# (d_model, n_heads, d_head, kwargs): every attention flavour, including d_head > d_model.
+ARCHITECTURES = {
+    "mha": (6, 3, 4, dict()),
+    "mha-bias": (6, 3, 4, dict(bias=True)),
+    "gqa": (6, 4, 4, dict(n_kv_heads=2)),
+    "gqa-bias": (6, 4, 4, dict(n_kv_heads=2, bias=True)),
+    "mqa-bias": (6, 4, 4, dict(n_kv_heads=1, bias=True)),
+    "rope": (6, 3, 4, dict(rope=True)),
+    "rope-bias-gqa": (6, 4, 4, dict(rope=True, n_kv_heads=2, bias=True)),
+    "partial-rope-bias": (6, 3, 4, dict(rope=True, rotary_dim=2, bias=True)),
+    "gated-rope": (6, 3, 4, dict(rope="gated", bias=True)),
+    "value-width": (6, 3, 4, dict(d_value=2, bias=True)),
+    "bidirectional": (6, 3, 4, dict(causal=False, bias=True)),
+    "wide-head": (3, 2, 4, dict(bias=True)),
+    "wide-head-gqa": (3, 4, 4, dict(n_kv_heads=2)),
+    "wide-head-rope": (3, 2, 6, dict(rope=True)),
+    "wide-value": (3, 2, 2, dict(d_value=5, bias=True)),
+}
+
+
+def probe(m, generator, batch=16, T=12):
+    return torch.randn(batch, T, m.d_model, generator=generator, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_measured_redundancy_equals_theory(name, generator):
+    D, H, dk, kwargs = ARCHITECTURES[name]
+    m = MultiHeadAttention(D, H, dk, dtype=torch.float64, generator=generator, **kwargs)
+    r = redundancy(m, probe(m, generator))
+    assert r.n_params == sum(p.numel() for p in m.parameters())
+    assert r.dimension == predicted_redundancy(m)
+    assert r.gap > 1e8, "the zero singular values must be separated from the rest"
+
+
+def test_mha_count_is_dk2_plus_dv2_per_head():
+    m = MultiHeadAttention(16, 4, 4, d_value=3)
+    assert predicted_redundancy(m) == 4 * (4**2 + 3**2)
+    m = MultiHeadAttention(16, 4, 4, d_value=3, bias=True)
+    assert predicted_redundancy(m) == 4 * (4**2 + 4 + 3**2 + 3)
+
+
+def test_factor_redundancy_counts():
+    assert factor_redundancy(10, 10, 3) == 9  # GL(3) acts freely
+    assert factor_redundancy(3, 3, 5) == 2 * 3 * 5 - 9  # stabiliser of dimension (5 - 3)^2
+    assert factor_redundancy(3, 3, 5) == 5**2 - (5 - 3) ** 2
+
+
+def test_float32_model_is_measured_in_float64(generator):
+    m = MultiHeadAttention(6, 2, 3, generator=generator)
+    r = redundancy(m, probe(m, generator).float())
+    assert r.singular_values.dtype == torch.float64
+    assert r.dimension == predicted_redundancy(m)
+    assert m.W_Q.dtype == torch.float32  # the model itself is untouched
+
+
+def test_rank_deficient_weights_add_redundancy(generator):
+    """At a non-generic point (W_Q of rank 1 in one head) the count exceeds the theory's."""
+    m = MultiHeadAttention(6, 2, 3, dtype=torch.float64, generator=generator)
+    with torch.no_grad():
+        m.W_Q[0] = torch.outer(m.W_Q[0, :, 0], torch.ones(3, dtype=torch.float64))
+    assert redundancy(m, probe(m, generator)).dimension > predicted_redundancy(m)
+
+
+def test_too_few_outputs_warn(generator):
+    m = MultiHeadAttention(6, 3, 4, dtype=torch.float64, generator=generator)
+    with pytest.warns(UserWarning, match="more or longer inputs"):
+        redundancy(m, probe(m, generator, batch=1, T=3))
+
+
+def test_unsupported_model_is_rejected():
+    with pytest.raises(TypeError, match="no redundancy prediction for Linear"):
+        predicted_redundancy(torch.nn.Linear(2, 2))
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        redundancy(frozen, torch.randn(3, 2))
