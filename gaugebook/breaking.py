@@ -1,0 +1,159 @@
+r"""Breaking the attention gauge with unlearned, resampled biases (Silverstein, Kunin, Shyam 2026).
+
+The protocol adds fixed-distribution biases to the queries and values of every attention layer::
+
+    q = x W_Q + b_Q,   b_Q ~ N(0.5, diag(sigma^2)),  sigma = linspace(0.05, 0.15, d_head)
+    v = x W_V + b_V,   b_V ~ N(mu_V, 0.05^2 I),      mu_V in {0, 0.5}
+
+The biases are buffers, not parameters: nothing learns them. In training mode each layer draws
+one ``b_Q [d_head]`` (and ``b_V [d_value]``) per forward pass, shared by all heads of the layer;
+in eval mode the means are used.
+
+Why unlearned and resampled? With ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` the scores change by
+``b_Q (M^{-1} - I) W_K^T x^T`` unless ``b_Q M = b_Q``:
+
+* a fixed ``b_Q`` leaves only its stabiliser ``{M : b_Q M = b_Q}`` (dimension ``d_head^2 - d_head``);
+* draws ``b_Q^{(1)}, ..., b_Q^{(n)}`` that span ``R^{d_head}`` leave nothing of GL(d_head);
+* a *learned* bias ``c_Q`` next to the fixed one absorbs a single draw
+  (``c_Q -> (c_Q + b_Q) M - b_Q``), so only differences between draws break the symmetry.
+
+:class:`ShiftedAttention` evaluates one attention layer under a fixed list of draws, so that
+:func:`gaugebook.redundancy.redundancy` can measure these counts and
+:func:`gaugebook.redundancy.predicted_redundancy` can predict them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.redundancy import predicted_redundancy
+
+__all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "SymmetryBreakingBias",
+           "ShiftedAttention"]
+
+BREAKING_MODES = (None, "bq", "bqv")
+QUERY_MEAN = 0.5
+QUERY_STD = (0.05, 0.15)  # linear from the first to the last coordinate of a head
+VALUE_STD = 0.05
+
+
+class SymmetryBreakingBias(nn.Module):
+    """The unlearned query (and value) bias of one attention layer.
+
+    ``forward()`` returns ``(query_shift [d_head], value_shift [d_value] or None)``, to be passed to
+    :meth:`MultiHeadAttention.forward`; the shapes broadcast over heads, so all heads of the layer
+    share the draw. Sampling uses ``torch.randn_like`` on the buffers (their device and dtype, no
+    Python randomness), which ``torch.compile`` traces without a graph break.
+
+    Args:
+        d_head: query/key head width.
+        d_value: value head width.
+        mode: ``"bq"`` (query bias only) or ``"bqv"`` (query and value biases).
+        mu_v: mean of the value bias (the paper uses 0 or 0.5).
+    """
+
+    def __init__(self, d_head: int, d_value: int, mode: str, *, mu_v: float = 0.0):
+        super().__init__()
+        if mode not in BREAKING_MODES[1:]:
+            raise ValueError(f"mode must be one of {BREAKING_MODES[1:]}, got {mode!r}")
+        if mode == "bq" and mu_v != 0.0:
+            raise ValueError(f"mu_v={mu_v} has no effect with mode='bq' (no value bias)")
+        self.mode, self.mu_v = mode, mu_v
+        self.register_buffer("q_mean", torch.full((d_head,), QUERY_MEAN))
+        self.register_buffer("q_std", torch.linspace(*QUERY_STD, d_head))
+        if mode == "bqv":
+            self.register_buffer("v_mean", torch.full((d_value,), float(mu_v)))
+            self.register_buffer("v_std", torch.full((d_value,), VALUE_STD))
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, d_head={self.q_mean.numel()}, mu_v={self.mu_v}"
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.training:  # inference uses the means
+            return self.q_mean, (self.v_mean if self.mode == "bqv" else None)
+        query = self.q_mean + self.q_std * torch.randn_like(self.q_mean)  # (dk,)
+        if self.mode == "bq":
+            return query, None
+        return query, self.v_mean + self.v_std * torch.randn_like(self.v_mean)  # (dv,)
+
+
+class ShiftedAttention(nn.Module):
+    """One attention layer evaluated under ``n`` fixed bias draws, outputs stacked.
+
+    ``forward(x [B, T, D]) -> [n, B, T, D]`` with row ``i`` equal to
+    ``attn(x, query_shift=query_shifts[i], value_shift=value_shifts[i])``: the function that ``n``
+    training batches with their own draws see. Its parameters are those of ``attn``; the draws are
+    buffers.
+
+    Args:
+        attn: the attention layer (its learned biases, if any, stay learned).
+        query_shifts: ``[n, d_head]`` or ``None``.
+        value_shifts: ``[n, d_value]`` or ``None``.
+    """
+
+    def __init__(self, attn: MultiHeadAttention, query_shifts: torch.Tensor | None = None,
+                 value_shifts: torch.Tensor | None = None):
+        super().__init__()
+        counts = set()
+        for name, shifts, width in (("query_shifts", query_shifts, attn.d_head),
+                                    ("value_shifts", value_shifts, attn.d_value)):
+            if shifts is None:
+                continue
+            if shifts.ndim != 2 or shifts.shape[1] != width:
+                raise ValueError(f"{name} must have shape [n_draws, {width}], "
+                                 f"got {tuple(shifts.shape)}")
+            counts.add(shifts.shape[0])
+        if not counts:
+            raise ValueError("give query_shifts, value_shifts or both")
+        if len(counts) > 1:
+            raise ValueError(f"query_shifts and value_shifts have different numbers of draws: "
+                             f"{query_shifts.shape[0]} and {value_shifts.shape[0]}")
+        self.attn, self.n_draws = attn, counts.pop()
+        self.register_buffer("query_shifts", query_shifts)
+        self.register_buffer("value_shifts", value_shifts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def shift(shifts, i):
+            return None if shifts is None else shifts[i]
+
+        return torch.stack([self.attn(x, query_shift=shift(self.query_shifts, i),
+                                      value_shift=shift(self.value_shifts, i))
+                            for i in range(self.n_draws)])  # (n, B, T, D)
+
+
+def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
+    """Rank of the draws, or of their differences when a learned bias absorbs a common shift."""
+    if shifts is None:
+        return 0
+    shifts = shifts.detach().double()
+    if absorbed:
+        shifts = shifts[1:] - shifts[:1]
+    return int(torch.linalg.matrix_rank(shifts)) if shifts.numel() else 0
+
+
+@predicted_redundancy.register
+def _(m: ShiftedAttention) -> int:
+    """Redundancy of attention under fixed draws (no RoPE, ``d_head, d_value <= d_model``).
+
+    Per key/value group, with ``r_Q`` the rank of the query draws (of their differences when the
+    layer has learned biases) and ``r_V`` likewise for the value draws:
+
+    * QK: the Lie algebra ``{X in gl(d_head) : b X = 0 for every draw b}``, of dimension
+      ``d_head^2 - d_head r_Q``, plus ``d_head`` from a learned ``b_K`` (it still cancels).
+    * VO: ``d_value^2`` (plus ``d_value`` for a learned ``b_V``, absorbed by ``b_O``) minus the
+      constraints ``sum_h u Y_{g(h)} W_O[h] = 0`` for each independent draw ``u``: the output
+      shifts ``u W_O`` summed over heads span ``min(n_kv d_value, d_model)`` dimensions per draw,
+      shared by all groups.
+    """
+    a = m.attn
+    if a.rope:
+        raise ValueError("the prediction for ShiftedAttention covers attention without RoPE")
+    if max(a.d_head, a.d_value) > a.d_model:
+        raise ValueError(f"the prediction assumes d_head, d_value <= d_model, got d_head="
+                         f"{a.d_head}, d_value={a.d_value}, d_model={a.d_model}")
+    b, dk, dv = int(a.has_bias), a.d_head, a.d_value
+    r_q, r_v = _draw_rank(m.query_shifts, a.has_bias), _draw_rank(m.value_shifts, a.has_bias)
+    qk = a.n_kv_heads * (dk * dk - dk * r_q + b * dk)
+    vo = a.n_kv_heads * (dv * dv + b * dv) - r_v * min(a.n_kv_heads * dv, a.d_model)
+    return qk + vo

@@ -1,0 +1,283 @@
+"""A GPT-2 whose attention is :class:`gaugebook.attention.MultiHeadAttention`.
+
+The architecture of Radford et al. (2019) as nanoGPT writes it: token and learned position
+embeddings, ``n_layer`` pre-LayerNorm blocks ``x + attn(ln_1(x))``, ``x + mlp(ln_2(x))``, a final
+LayerNorm and a language-model head tied to the token embedding. Two options come from the
+symmetry-breaking paper (Silverstein, Kunin, Shyam 2026): a PReLU MLP and unlearned query/value
+biases (:mod:`gaugebook.breaking`). RoPE (instead of learned positions) and grouped key/value heads
+are available for the book's ablations.
+
+Because attention keeps per-head weights ``W_Q [H, D, dk]`` etc., every tool of
+:mod:`gaugebook.gauge` and :mod:`gaugebook.mechanics` applies to ``model.blocks[i].attn``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import KW_ONLY, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import BREAKING_MODES, SymmetryBreakingBias
+
+__all__ = ["GPTConfig", "GPT", "ACTIVATIONS"]
+
+ACTIVATIONS = ("gelu", "prelu")
+INIT_STD = 0.02  # GPT-2's initializer_range
+
+
+@dataclass
+class GPTConfig:
+    """Shape and options of a :class:`GPT`.
+
+    ``n_kv_head`` (default ``n_head``) gives grouped-query attention; ``symmetry_breaking`` is
+    ``None``, ``"bq"`` (unlearned query bias) or ``"bqv"`` (query and value biases, the value
+    bias with mean ``mu_v``).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    _: KW_ONLY
+    n_kv_head: int | None = None
+    bias: bool = True
+    activation: str = "gelu"
+    rope: bool | str = False
+    symmetry_breaking: str | None = None
+    mu_v: float = 0.0
+
+    def __post_init__(self):
+        sizes = dict(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
+                     n_head=self.n_head, n_embd=self.n_embd)
+        if self.n_kv_head is not None:
+            sizes["n_kv_head"] = self.n_kv_head
+        for name, value in sizes.items():
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias must be True or False, got {self.bias!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if not (isinstance(self.rope, bool) or self.rope == "gated"):
+            raise ValueError(f"rope must be False, True or \"gated\", got {self.rope!r}")
+        if self.rope and self.head_size % 2:
+            raise ValueError(f"RoPE rotates planes of two coordinates: the head size "
+                             f"n_embd/n_head={self.head_size} must be even")
+        if self.symmetry_breaking not in BREAKING_MODES:
+            raise ValueError(f"symmetry_breaking must be one of {BREAKING_MODES}, "
+                             f"got {self.symmetry_breaking!r}")
+        if not isinstance(self.mu_v, (int, float)) or isinstance(self.mu_v, bool) \
+                or not math.isfinite(self.mu_v):
+            raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
+        if self.mu_v != 0.0 and self.symmetry_breaking != "bqv":
+            raise ValueError(f"mu_v={self.mu_v} is the mean of the value bias, which only "
+                             f"symmetry_breaking='bqv' adds (got {self.symmetry_breaking!r})")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        """Build a config from a dict (e.g. parsed JSON); unknown or missing keys are errors."""
+        fields = dataclasses.fields(cls)
+        valid = [f.name for f in fields]
+        unknown = sorted(set(d) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown GPTConfig keys {unknown}; valid keys are {valid}")
+        missing = [f.name for f in fields
+                   if f.default is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise ValueError(f"GPTConfig is missing required keys {missing}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class PReLU(nn.PReLU):
+    """``nn.PReLU`` with one learned slope per hidden unit of the *last* dimension.
+
+    ``nn.PReLU`` treats dimension 1 as channels, which for ``[B, T, C]`` would be time; flattening
+    ``(B, T)`` makes the hidden units the channels.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(0, -2)).view_as(x)
+
+
+class MLP(nn.Module):
+    """``c_proj(act(c_fc(x)))`` with hidden width ``4 n_embd``: GELU (tanh approximation, as in
+    GPT-2) or PReLU."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = 4 * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.act = nn.GELU(approximate="tanh") if config.activation == "gelu" else PReLU(hidden)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.act(self.c_fc(x)))  # (B, T, D) -> (B, T, 4D) -> (B, T, D)
+
+
+class Block(nn.Module):
+    """Pre-LN block; the symmetry-breaking biases (if any) enter the attention's projections."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        D, dk = config.n_embd, config.head_size
+        self.ln_1 = nn.LayerNorm(D, bias=config.bias)
+        self.attn = MultiHeadAttention(D, config.n_head, dk, n_kv_heads=config.n_kv_head,
+                                       bias=config.bias, rope=config.rope)
+        self.breaking = (None if config.symmetry_breaking is None else
+                         SymmetryBreakingBias(dk, dk, config.symmetry_breaking, mu_v=config.mu_v))
+        self.ln_2 = nn.LayerNorm(D, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one draw per layer and forward pass, shared by the heads (broadcast inside attn)
+        query_shift, value_shift = (None, None) if self.breaking is None else self.breaking()
+        x = x + self.attn(self.ln_1(x), query_shift=query_shift, value_shift=value_shift)
+        return x + self.mlp(self.ln_2(x))  # (B, T, D)
+
+
+class GPT(nn.Module):
+    """GPT-2 language model: ``forward(idx [B, T], targets=None) -> (logits [B, T, V], loss)``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # with RoPE, positions enter through the rotation of queries and keys
+        self.wpe = None if config.rope else nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: logits are scores against the embeddings
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: weights ``N(0, 0.02^2)``, biases zero, LayerNorm ``(1, 0)``; the
+        projections that write into the residual stream (``W_O``, ``mlp.c_proj``) get std
+        ``0.02 / sqrt(2 n_layer)`` so that the stream's variance does not grow with depth. Draws
+        from the global generator: seed with ``torch.manual_seed``."""
+        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, INIT_STD)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+            elif isinstance(module, PReLU):
+                nn.init.constant_(module.weight, 0.25)  # nn.PReLU's default slope
+            elif isinstance(module, MultiHeadAttention):
+                for name, p in module.named_parameters():
+                    if name.startswith("b_"):
+                        nn.init.zeros_(p)
+                    else:
+                        nn.init.normal_(p, 0.0, residual_std if name == "W_O" else INIT_STD)
+        for block in self.blocks:
+            nn.init.normal_(block.mlp.c_proj.weight, 0.0, residual_std)
+
+    def num_params(self) -> int:
+        """Number of trainable scalars (the tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits for every position and, with ``targets [B, T]``, the mean cross-entropy."""
+        if idx.ndim != 2:
+            raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
+        T = idx.shape[1]
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        x = self.wte(idx)  # (B, T, D)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, D) broadcast over B
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, V) vs (B*T,)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after ``idx [B, T]`` (the last ``block_size`` tokens
+        are the context); ``top_k`` keeps only the k most likely tokens. Returns ``[B, T + new]``."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :].float() / temperature  # (B, V)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_token = torch.multinomial(logits.softmax(-1), num_samples=1)  # (B, 1)
+            idx = torch.cat([idx, next_token], dim=1)
+        return idx
+
+    @classmethod
+    def from_huggingface(cls, hf_model) -> "GPT":
+        """Convert a ``transformers`` ``GPT2LMHeadModel`` (weights copied, same dtype).
+
+        Hugging Face's ``Conv1D`` computes ``x @ weight + bias`` with ``c_attn.weight [D, 3D]``
+        holding ``[W_q | W_k | W_v]``, heads contiguous within each; ``c_proj.weight [D, D]`` maps
+        the concatenated heads back. Splitting them gives the per-head layout.
+        """
+        hc = hf_model.config
+        expected = dict(activation_function=("gelu_new", "gelu_pytorch_tanh"),
+                        n_inner=(None, 4 * hc.n_embd), layer_norm_epsilon=(1e-5,),
+                        scale_attn_weights=(True,), scale_attn_by_inverse_layer_idx=(False,),
+                        add_cross_attention=(False,), tie_word_embeddings=(True,))
+        wrong = [f"{k}={getattr(hc, k)!r} (supported: {v})" for k, v in expected.items()
+                 if getattr(hc, k) not in v]
+        if wrong:
+            raise ValueError("cannot convert this GPT-2: " + "; ".join(wrong))
+        config = GPTConfig(hc.vocab_size, hc.n_positions, hc.n_layer, hc.n_head, hc.n_embd)
+        dtype = hf_model.transformer.wte.weight.dtype
+        model = cls(config).to(dtype)
+        H, D = config.n_head, config.n_embd
+        dk = D // H
+        src = hf_model.transformer
+        with torch.no_grad():
+            model.wte.weight.copy_(src.wte.weight)
+            model.wpe.weight.copy_(src.wpe.weight)
+            model.ln_f.load_state_dict(src.ln_f.state_dict())
+            for block, hf in zip(model.blocks, src.h):
+                block.ln_1.load_state_dict(hf.ln_1.state_dict())
+                block.ln_2.load_state_dict(hf.ln_2.state_dict())
+                W = hf.attn.c_attn.weight.view(D, 3, H, dk).permute(1, 2, 0, 3)  # (3, H, D, dk)
+                b = hf.attn.c_attn.bias.view(3, H, dk)  # (3, H, dk)
+                a = block.attn
+                for i, name in enumerate("QKV"):
+                    getattr(a, f"W_{name}").copy_(W[i])
+                    getattr(a, f"b_{name}").copy_(b[i])
+                a.W_O.copy_(hf.attn.c_proj.weight.view(H, dk, D))  # rows of head h: h*dk..
+                a.b_O.copy_(hf.attn.c_proj.bias)
+                for name in ("c_fc", "c_proj"):  # Conv1D stores the transpose of nn.Linear
+                    getattr(block.mlp, name).weight.copy_(getattr(hf.mlp, name).weight.T)
+                    getattr(block.mlp, name).bias.copy_(getattr(hf.mlp, name).bias)
+        return model

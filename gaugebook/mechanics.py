@@ -1,0 +1,205 @@
+r"""Noether charges of the attention gauge and the invariants of gradient flow.
+
+**Hamiltonian dynamics** ``H(theta, p) = |p|^2 / 2 + L(theta)``. ``L`` is invariant under all of
+GL(d_head) x GL(d_value) per head, but the kinetic energy only under the orthogonal subgroup
+(``p`` transforms like ``theta``). For an antisymmetric generator ``A`` the infinitesimal action
+``delta W_Q = W_Q A``, ``delta W_K = W_K A`` (``= -W_K A^T``) has the conserved momentum map
+``<p, delta theta> = <J, A> / 2`` with the *charge*
+
+.. math::  J_{QK} = W_Q^T P_Q - P_Q^T W_Q + W_K^T P_K - P_K^T W_K \quad (d_k \times d_k),
+
+and for ``delta W_V = W_V B``, ``delta W_O = -B W_O``
+
+.. math::  J_{VO} = W_V^T P_V - P_V^T W_V - (P_O W_O^T - W_O P_O^T) \quad (d_v \times d_v).
+
+Both are conserved exactly by leapfrog and by symplectic Euler (each kick moves ``p`` along
+``grad L``, orthogonal to the orbit; each drift adds ``J(p, p) = 0``); explicit Euler changes them
+by ``-h^2 J(p, grad L)`` per step.
+
+**Gradient flow** ``dtheta/dt = -grad L`` conserves, for the whole GL group,
+
+.. math::  C_{QK} = W_Q^T W_Q - W_K^T W_K, \qquad C_{VO} = W_V^T W_V - W_O W_O^T,
+
+because invariance gives ``W_Q^T G_Q = G_K^T W_K`` and ``W_V^T G_V = G_O W_O^T`` at every
+point; a gradient-descent step of size ``lr`` changes them by ``O(lr^2)``.
+
+Conventions: learned biases that transform with the weights enter in augmented form,
+``W~_Q = [W_Q; b_Q]`` (``[D + 1, d_k]``), likewise ``b_K`` and ``b_V``. Under GQA the query heads
+of a key/value group share one group element, so their terms add up into one charge per group.
+With RoPE only the commutant of the rotations survives (per plane ``a I + b J``); the model-level
+functions then return the orthogonal projection onto that subalgebra. Unlearned symmetry-breaking
+biases are not part of the state: with a fixed query bias ``b`` only ``P J P`` with
+``P = I - b^T b / |b|^2`` is conserved (the stabiliser of ``b``).
+A learned ``b_Q`` next to a fixed shift ``s`` absorbs it: the symmetry survives with the row
+``b_Q + s`` in place of ``b_Q``.
+
+**ECD.** Its unit-speed velocity ``v`` drifts as ``theta += dt v`` (adding ``J(v, v) = 0``) and
+is kicked as ``v -> normalise(v - k g_perp)`` with ``g_perp = g - (g.v) v``; since ``g`` is
+orthogonal to every orbit this multiplies ``J(theta, v)`` by one common scalar
+``(1 + k g.v) / |v - k g_perp|`` for all heads, layers and generators (with the global projection
+and no chaos term). Ratios of charges are therefore conserved; in the continuum
+``J(theta, v) (F - F_0)^{-(eta/2) d/(d-1)}`` is.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gaugebook.gauge import attention_modules
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.linalg import DTYPE
+
+__all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
+           "Sectors", "charges", "flow_invariants"]
+
+
+def _T(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(-1, -2)
+
+
+def antisym(X: torch.Tensor) -> torch.Tensor:
+    """``X - X^T`` over the last two dimensions."""
+    return X - _T(X)
+
+
+def qk_charge(W_Q, W_K, P_Q, P_K) -> torch.Tensor:
+    """``J_QK = antisym(W_Q^T P_Q + W_K^T P_K)`` for ``W_Q, P_Q [..., D, dk]``, ``W_K, P_K
+    [..., D, dk]`` (augmented rows for biases allowed): the momentum map of O(dk) acting as
+    ``W_Q -> W_Q R``, ``W_K -> W_K R``."""
+    return antisym(_T(W_Q) @ P_Q + _T(W_K) @ P_K)
+
+
+def vo_charge(W_V, W_O, P_V, P_O) -> torch.Tensor:
+    """``J_VO = antisym(W_V^T P_V - P_O W_O^T)`` for ``W_V, P_V [..., D, dv]``, ``W_O, P_O
+    [..., dv, D]``: the momentum map of O(dv) acting as ``W_V -> W_V R``, ``W_O -> R^T W_O``."""
+    return antisym(_T(W_V) @ P_V - P_O @ _T(W_O))
+
+
+def qk_flow_invariant(W_Q, W_K) -> torch.Tensor:
+    """``W_Q^T W_Q - W_K^T W_K``: conserved by gradient flow for the GL(dk) symmetry."""
+    return _T(W_Q) @ W_Q - _T(W_K) @ W_K
+
+
+def vo_flow_invariant(W_V, W_O) -> torch.Tensor:
+    """``W_V^T W_V - W_O W_O^T``: conserved by gradient flow for the GL(dv) symmetry."""
+    return _T(W_V) @ W_V - W_O @ _T(W_O)
+
+
+@dataclass(frozen=True)
+class Sectors:
+    """Per key/value group matrices of one attention layer: ``qk [n_kv, dk, dk]``,
+    ``vo [n_kv, dv, dv]`` (float64)."""
+
+    qk: torch.Tensor
+    vo: torch.Tensor
+
+    @property
+    def qk_norm(self) -> torch.Tensor:
+        """Frobenius norm per group ``[n_kv]``."""
+        return torch.linalg.matrix_norm(self.qk)
+
+    @property
+    def vo_norm(self) -> torch.Tensor:
+        return torch.linalg.matrix_norm(self.vo)
+
+
+def _group_weights(m: MultiHeadAttention, get) -> dict[str, torch.Tensor]:
+    """The weights of each key/value group as single matrices, ``get(name)`` supplying the tensor
+    for parameter ``name`` of ``m``.
+
+    Learned biases become an extra input row (``W~_Q = [W_Q; b_Q]``). The ``G`` query heads of a
+    group share its group element, so they act like one tall ``W_Q`` (rows stacked,
+    ``[n_kv, G (D + 1), dk]``) and one wide ``W_O`` (columns side by side, ``[n_kv, dv, G D]``):
+    then ``sum_h W_Q[h]^T P_Q[h]`` is a single product.
+    """
+    aug = {}
+    for s in "QKV":
+        W = get(f"W_{s}")
+        aug[s] = torch.cat([W, get(f"b_{s}")[:, None, :]], dim=1) if m.has_bias else W
+    n, G, dv, D = m.n_kv_heads, m.group_size, m.d_value, m.d_model
+    return dict(Q=aug["Q"].reshape(n, -1, m.d_head),  # (Hkv, G (D + b), dk)
+                K=aug["K"], V=aug["V"],
+                O=get("W_O").reshape(n, G, dv, D).transpose(1, 2).reshape(n, dv, G * D))
+
+
+def _rope_projection(X: torch.Tensor, m: MultiHeadAttention) -> torch.Tensor:
+    """Orthogonal projection of ``X [..., dk, dk]`` onto the matrices commuting with every RoPE
+    rotation: ``a I + b J`` on each plane ``(i, i + r/2)`` (``b = 0`` with gated RoPE), any block
+    on the unrotated coordinates (diagonal with gated RoPE)."""
+    if not m.rope:
+        return X
+    r, half = m.rotary_dim, m.rotary_dim // 2
+    i = torch.arange(half, device=X.device)
+    out = torch.zeros_like(X)
+    a = (X[..., i, i] + X[..., i + half, i + half]) / 2
+    out[..., i, i], out[..., i + half, i + half] = a, a
+    rest = X[..., r:, r:]
+    if m.rope == "gated":
+        out[..., r:, r:] = torch.diag_embed(torch.diagonal(rest, dim1=-2, dim2=-1))
+    else:
+        b = (X[..., i, i + half] - X[..., i + half, i]) / 2
+        out[..., i, i + half], out[..., i + half, i] = b, -b
+        out[..., r:, r:] = rest
+    return out
+
+
+def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
+    """``tensors`` (a mapping keyed by parameter name, or a sequence aligned with
+    ``model.parameters()``) as a dict keyed by parameter name, shapes checked."""
+    named = dict(model.named_parameters())
+    if isinstance(tensors, Mapping):
+        out = {n: t for n, t in tensors.items() if n in named}
+    elif isinstance(tensors, Sequence) and not torch.is_tensor(tensors):
+        if len(tensors) != len(named):
+            raise ValueError(f"got {len(tensors)} tensors for {len(named)} parameters")
+        out = dict(zip(named, tensors))
+    else:
+        raise TypeError("momenta must be a mapping from parameter names to tensors or a "
+                        f"sequence aligned with model.parameters(), got {type(tensors).__name__}")
+    wrong = [f"{n}: {tuple(t.shape)} vs {tuple(named[n].shape)}" for n, t in out.items()
+             if t.shape != named[n].shape]
+    if wrong:
+        raise ValueError("momentum shapes differ from their parameters: " + "; ".join(wrong))
+    return out
+
+
+def _weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
+    return _group_weights(m, lambda n: getattr(m, n).detach().to(DTYPE))
+
+
+def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
+    """Noether charges ``J_QK``, ``J_VO`` per key/value group of every attention layer.
+
+    ``momenta``: tensors shaped like the parameters (momenta, or an optimizer's velocities),
+    as a mapping keyed by ``model.named_parameters()`` names or a sequence aligned with
+    ``model.parameters()``. Returns ``{layer path: Sectors}`` (path ``""`` for a bare
+    :class:`MultiHeadAttention`).
+    """
+    p = _as_named(model, momenta)
+    result = {}
+    for path, m in attention_modules(model):
+        prefix = f"{path}." if path else ""
+        names = ["W_Q", "W_K", "W_V", "W_O"] + (["b_Q", "b_K", "b_V"] if m.has_bias else [])
+        absent = [prefix + n for n in names if prefix + n not in p]
+        if absent:
+            raise ValueError(f"no momentum given for {absent}")
+        W = _weights(m)
+        P = _group_weights(m, lambda n: p[prefix + n].detach().to(DTYPE))
+        result[path] = Sectors(_rope_projection(qk_charge(W["Q"], W["K"], P["Q"], P["K"]), m),
+                               vo_charge(W["V"], W["O"], P["V"], P["O"]))
+    return result
+
+
+def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
+    """Gradient-flow invariants ``C_QK = sum_h W~_Q[h]^T W~_Q[h] - W~_K^T W~_K`` and
+    ``C_VO = W~_V^T W~_V - sum_h W_O[h] W_O[h]^T`` per key/value group of every attention layer
+    (sums over the query heads of the group)."""
+    result = {}
+    for path, m in attention_modules(model):
+        W = _weights(m)
+        result[path] = Sectors(_rope_projection(qk_flow_invariant(W["Q"], W["K"]), m),
+                               vo_flow_invariant(W["V"], W["O"]))
+    return result

@@ -1,0 +1,256 @@
+"""The GPT-2 model: configuration, shapes, initialisation, gauge invariance, Hugging Face
+equivalence, bf16 autocast and torch.compile without graph breaks."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gaugebook.gauge import GaugeElement, KeyBiasShift, random_element, invariance_error
+from gaugebook.gpt import GPT, GPTConfig
+
+V, T = 61, 12
+
+
+def config(**kw):
+    return GPTConfig(V, T, 2, 4, 32, **kw)
+
+
+def tokens(seed, batch=3, length=T):
+    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def generic(model, seed=0, scale=0.3):
+    """Perturb every parameter (biases are zero at GPT-2 initialisation) so that no test passes
+    by accident of special weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+# --- configuration --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_embd=30), "not divisible by n_head"),
+    (dict(n_kv_head=3), "not divisible by n_kv_head"),
+    (dict(n_kv_head=0), "n_kv_head must be a positive integer"),
+    (dict(n_layer=0), "n_layer must be a positive integer"),
+    (dict(vocab_size=True), "vocab_size must be a positive integer"),
+    (dict(activation="relu"), "activation must be one of"),
+    (dict(rope="yes"), "rope must be"),
+    (dict(n_embd=36, n_head=4, rope=True), "must be even"),
+    (dict(symmetry_breaking="bk"), "symmetry_breaking must be one of"),
+    (dict(mu_v=0.5), "only symmetry_breaking='bqv'"),
+    (dict(symmetry_breaking="bqv", mu_v=float("nan")), "finite"),
+    (dict(bias=1), "bias must be True or False"),
+])
+def test_config_rejects_bad_values(kwargs, match):
+    base = dict(vocab_size=V, block_size=T, n_layer=2, n_head=4, n_embd=32)
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**{**base, **kwargs})
+
+
+def test_config_from_dict_round_trip_and_errors():
+    c = config(activation="prelu", symmetry_breaking="bqv", mu_v=0.5)
+    assert GPTConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match=r"unknown GPTConfig keys \['dropout'\].*valid keys.*mu_v"):
+        GPTConfig.from_dict({**c.to_dict(), "dropout": 0.1})
+    with pytest.raises(ValueError, match=r"missing required keys \['n_embd'\]"):
+        GPTConfig.from_dict({k: v for k, v in c.to_dict().items() if k != "n_embd"})
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        GPTConfig(V, T, 2, 4, 32, 2)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+def test_forward_shapes_and_loss():
+    torch.manual_seed(0)
+    model = GPT(config())
+    idx, targets = tokens(0), tokens(1)
+    logits, loss = model(idx, targets)
+    assert logits.shape == (3, T, V)
+    assert torch.allclose(loss, F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)))
+    assert model(idx)[1] is None
+    # GPT-2 initialisation: logits are small, so the loss starts near log(V)
+    assert abs(loss.item() - math.log(V)) < 0.05
+
+
+def test_bad_inputs_are_rejected():
+    model = GPT(config())
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model(tokens(0, length=T + 1))
+    with pytest.raises(ValueError, match=r"shape \[B, T\]"):
+        model(tokens(0)[0])
+    with pytest.raises(ValueError, match="targets must have the shape"):
+        model(tokens(0), tokens(0)[:, :-1])
+
+
+def test_initialisation_follows_gpt2():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(V, T, 3, 4, 64))
+    residual = 0.02 / math.sqrt(2 * 3)
+    block = model.blocks[0]
+    for p, std in [(block.attn.W_Q, 0.02), (block.attn.W_O, residual), (block.mlp.c_fc.weight, 0.02),
+                   (block.mlp.c_proj.weight, residual), (model.wte.weight, 0.02)]:
+        assert abs(p.std().item() / std - 1) < 0.1
+    for b in (block.attn.b_Q, block.attn.b_K, block.attn.b_O, block.mlp.c_fc.bias, block.ln_1.bias):
+        assert torch.equal(b, torch.zeros_like(b))
+    assert torch.equal(block.ln_2.weight, torch.ones_like(block.ln_2.weight))
+
+
+def test_tied_embeddings_and_parameter_count():
+    model = GPT(config(bias=False))
+    assert model.lm_head.weight is model.wte.weight
+    D = 32
+    per_block = 4 * D * D + 8 * D * D + 2 * D  # attention, MLP, two LayerNorm weights
+    assert model.num_params() == V * D + T * D + 2 * per_block + D
+
+
+def test_rope_model_has_no_position_embedding():
+    model = GPT(config(rope=True))
+    assert model.wpe is None and model.blocks[0].attn.rope is True
+    assert model(tokens(0))[0].shape == (3, T, V)
+
+
+def test_prelu_has_one_learned_slope_per_hidden_unit():
+    model = GPT(config(activation="prelu"))
+    act = model.blocks[0].mlp.act
+    assert act.weight.shape == (4 * 32,) and act.weight.requires_grad
+    slopes = torch.linspace(-1, 1, 4 * 32)
+    with torch.no_grad():
+        act.weight.copy_(slopes)
+    h = torch.randn(2, 5, 4 * 32)
+    assert torch.equal(act(h), torch.where(h >= 0, h, slopes * h))
+
+
+def test_gelu_is_the_tanh_approximation():
+    act = GPT(config()).blocks[0].mlp.act
+    h = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    tanh_gelu = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    assert torch.allclose(act(h), tanh_gelu, atol=1e-15)
+
+
+# --- gauge symmetry -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_head=2, rope=True, activation="prelu")])
+def test_random_gauge_element_leaves_a_gpt_invariant(kw):
+    torch.manual_seed(0)
+    model = generic(GPT(config(**kw)).double())
+    g = random_element(model, generator=torch.Generator().manual_seed(1))
+    assert len(g.factors) >= 2 * 3  # QK, VO, permutation in each of the two layers
+    assert invariance_error(g, model, tokens(0)) < 1e-12
+
+
+def test_breaking_biases_break_the_gauge_but_not_the_key_bias_shift():
+    torch.manual_seed(0)
+    model = generic(GPT(config(symmetry_breaking="bqv", mu_v=0.5)).double()).eval()
+    idx = tokens(0)
+    assert invariance_error(random_element(model, generator=torch.Generator().manual_seed(1)),
+                            model, idx) > 1e-3
+    t = torch.randn(4, 8, dtype=torch.float64)
+    shift = GaugeElement([KeyBiasShift(t, target="blocks.1.attn")])
+    assert invariance_error(shift, model, idx) < 1e-12
+
+
+def test_symmetry_breaking_biases_in_the_model():
+    torch.manual_seed(0)
+    plain, broken = GPT(config()), GPT(config(symmetry_breaking="bqv", mu_v=0.5))
+    assert plain.num_params() == broken.num_params()  # buffers, not parameters
+    assert "blocks.0.breaking.q_std" in broken.state_dict()
+    broken.load_state_dict({**broken.state_dict(), **plain.state_dict()})
+    idx = tokens(0)
+    with torch.no_grad():
+        train_1, train_2 = broken(idx)[0], broken(idx)[0]
+        broken.eval()
+        eval_1, eval_2 = broken(idx)[0], broken(idx)[0]
+    assert not torch.equal(train_1, train_2)  # a fresh draw per forward
+    assert torch.equal(eval_1, eval_2)  # means at inference
+    assert not torch.allclose(eval_1, plain(idx)[0])
+
+
+def test_each_layer_draws_its_own_bias():
+    torch.manual_seed(0)
+    model = GPT(config(symmetry_breaking="bq"))
+    seen = []
+    for block in model.blocks:
+        block.attn.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.append(kwargs["query_shift"]), with_kwargs=True)
+    model(tokens(0))
+    assert len(seen) == 2 and seen[0].shape == (8,) and not torch.equal(seen[0], seen[1])
+
+
+# --- Hugging Face equivalence ---------------------------------------------------------------
+
+def hf_gpt2(**kw):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=T, n_embd=32, n_layer=2, n_head=4,
+                                  activation_function="gelu_new", resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                  eos_token_id=0, **kw)
+    torch.manual_seed(0)
+    return generic(transformers.GPT2LMHeadModel(cfg), scale=0.1).eval()
+
+
+def test_matches_huggingface_gpt2_logits():
+    hf = hf_gpt2()
+    model = GPT.from_huggingface(hf).eval()
+    idx = tokens(0)
+    with torch.no_grad():
+        expected, actual = hf(idx).logits, model(idx)[0]
+    assert (actual - expected).abs().max() < 1e-5
+    assert expected.abs().max() > 0.5  # the comparison is not between near-zero numbers
+    assert model.num_params() == sum(p.numel() for p in hf.parameters())
+
+
+def test_huggingface_conversion_rejects_other_architectures():
+    hf = hf_gpt2()
+    hf.config.activation_function = "relu"
+    with pytest.raises(ValueError, match="activation_function='relu'"):
+        GPT.from_huggingface(hf)
+
+
+# --- speed paths: bf16 autocast and torch.compile --------------------------------------------
+
+def test_bf16_autocast():
+    torch.manual_seed(0)
+    model = GPT(config(symmetry_breaking="bqv", activation="prelu"))
+    idx = tokens(0)
+    loss32 = model(idx, idx)[1]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, idx)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert abs(loss.item() - loss32.item()) < 0.05
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_compiles_without_graph_breaks():
+    torch.manual_seed(0)
+    model = GPT(config(symmetry_breaking="bqv", mu_v=0.5, activation="prelu")).train()
+    idx = tokens(0)
+    explanation = torch._dynamo.explain(model)(idx, idx)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    # fullgraph=True raises on any break; aot_eager also traces the backward pass
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    logits, loss = compiled(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and model.blocks[0].attn.W_Q.grad.abs().sum() > 0
+
+
+# --- generation -----------------------------------------------------------------------------
+
+def test_generate():
+    torch.manual_seed(0)
+    model = generic(GPT(config())).eval()
+    idx = tokens(0, batch=2, length=4)
+    out = model.generate(idx, T + 3, top_k=1)  # runs past block_size: the context is cropped
+    assert out.shape == (2, 4 + T + 3) and torch.equal(out[:, :4], idx)
+    greedy = model(out[:, :4])[0][:, -1].argmax(-1)
+    assert torch.equal(out[:, 4], greedy)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 1, temperature=0.0)
