@@ -1,0 +1,245 @@
+r"""Interactive explorers for the book (ipywidgets), each with a static matplotlib fallback.
+
+A widget reacts only while a kernel runs (Jupyter, Colab); the rendered HTML book shows the state
+it had at build time. Every explorer therefore has a companion function that draws the same
+information as a static figure, shown next to it in the book.
+
+* :class:`ConditionExplorer` (chapter 4): the relative invariance error
+  ``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` of random gauge elements ``g`` whose
+  matrices have 2-norm condition number ``c``, in float32 or float64.
+  Fallback: :func:`condition_figure` of the sweep :func:`invariance_errors`.
+* :class:`OrbitExplorer` (chapter 3): a walk ``s -> (exp(sA), exp(sB))`` along a one-parameter
+  subgroup of the QK and VO sectors. The weights move far; the function does not.
+  Fallback: :func:`orbit_figure` of :func:`orbit_path`.
+
+Constructing an explorer computes what it first shows; importing this module has no side effects.
+"""
+from __future__ import annotations
+
+import copy
+
+import ipywidgets as widgets
+import torch
+from matplotlib.figure import Figure
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
+from gaugebook.plots import PALETTE
+
+__all__ = ["probe_layer", "invariance_errors", "condition_figure", "ConditionExplorer",
+           "orbit_path", "orbit_figure", "OrbitExplorer"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+SOURCE_BOUND = 24  # the source's Theorem 5 claims |error| <= 24 eps_mach (float64)
+
+
+def probe_layer(*, seed: int = 0) -> tuple[MultiHeadAttention, torch.Tensor]:
+    """A small GPT-2-style layer (``d_model=16``, 4 heads of width 4, biases) in float64 and a
+    probe input ``x [2, 12, 16]``, both drawn from ``seed``: the explorers' default subject."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = MultiHeadAttention(16, 4, 4, bias=True, dtype=torch.float64, generator=generator)
+    x = torch.randn(2, 12, 16, generator=generator, dtype=torch.float64)  # (B, T, D)
+    return layer, x
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def _eps(name: str) -> float:
+    return torch.finfo(_dtype(name)).eps
+
+
+def invariance_errors(module: torch.nn.Module, inputs: torch.Tensor, conds, *,
+                      dtype: str = "float64", seeds=range(3)) -> torch.Tensor:
+    """Relative invariance errors ``[len(seeds), len(conds)]`` (float64).
+
+    Entry ``[i, j]`` is :func:`~gaugebook.gauge.invariance_error` of
+    ``random_element(module, cond=conds[j])``, drawn from
+    ``torch.Generator().manual_seed(seeds[i])``, with a copy of the module and the input cast to
+    ``dtype`` (``"float32"`` or ``"float64"``).
+    """
+    conds, seeds = [float(c) for c in conds], list(seeds)
+    if not conds or not seeds:
+        raise ValueError("need at least one condition number and one seed")
+    cast = copy.deepcopy(module).to(_dtype(dtype))
+    x = inputs.to(_dtype(dtype))
+    errors = torch.empty(len(seeds), len(conds), dtype=torch.float64)
+    for i, seed in enumerate(seeds):
+        for j, cond in enumerate(conds):
+            element = random_element(cast, cond=cond, generator=torch.Generator().manual_seed(seed))
+            errors[i, j] = invariance_error(element, cast, x)
+    return errors
+
+
+def condition_figure(conds, errors: dict[str, torch.Tensor], *,
+                     constants: dict[str, float] | None = None) -> Figure:
+    """Log-log plot of relative invariance error against condition number (static fallback of
+    :class:`ConditionExplorer`).
+
+    ``errors`` maps a dtype name to a ``[n_seeds, len(conds)]`` array from
+    :func:`invariance_errors`: the median is drawn as markers, the spread over seeds as a band.
+    For each dtype a dashed line ``C c eps`` is drawn (``C`` from ``constants``, default 1), and a
+    dotted line marks the source's absolute bound ``24 eps`` of float64.
+    """
+    conds = torch.as_tensor(conds, dtype=torch.float64)
+    constants = constants or {}
+    fig = Figure(layout="constrained")  # not registered with pyplot: shown only when displayed
+    ax = fig.subplots()
+    for colour, (name, err) in zip(PALETTE, errors.items()):
+        err = torch.as_tensor(err, dtype=torch.float64)
+        if err.ndim != 2 or err.shape[1] != len(conds):
+            raise ValueError(f"errors[{name!r}] must have shape [n_seeds, {len(conds)}], "
+                             f"got {tuple(err.shape)}")
+        ax.fill_between(conds, err.min(0).values, err.max(0).values, color=colour, alpha=0.25,
+                        linewidth=0)
+        ax.plot(conds, err.median(0).values, "o", color=colour, label=f"{name} (median, range)")
+        C = constants.get(name, 1.0)
+        ax.plot(conds, C * conds * _eps(name), "--", color=colour,
+                label=f"{C:.2g} c eps, eps = {_eps(name):.1e}")
+    ax.axhline(SOURCE_BOUND * _eps("float64"), color="black", linestyle=":",
+               label="source: 24 eps (float64)")
+    ax.set(xscale="log", yscale="log", xlabel="condition number c of the gauge matrices",
+           ylabel="relative invariance error")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+class ConditionExplorer(widgets.VBox):
+    """Slider for the condition number ``c`` (log scale, ``10^0 .. 10^log10_max``) and a dropdown
+    for the floating-point type; the readout shows the relative invariance error of random gauge
+    elements (``seeds`` of them) at that ``c`` and compares it with ``c eps`` and with the
+    source's ``24 eps``.
+
+    Attributes ``cond`` (``FloatLogSlider``), ``dtype`` (``Dropdown``) and ``readout`` (``HTML``).
+    """
+
+    def __init__(self, module: torch.nn.Module | None = None, inputs: torch.Tensor | None = None,
+                 *, seeds: int = 3, cond: float = 1e4, dtype: str = "float32",
+                 log10_max: float = 8.0):
+        if (module is None) != (inputs is None):
+            raise ValueError("pass both module and inputs, or neither (for probe_layer())")
+        if seeds < 1:
+            raise ValueError(f"seeds must be a positive integer, got {seeds}")
+        if not 1 <= cond <= 10 ** log10_max:
+            raise ValueError(f"cond must be in [1, 1e{log10_max:g}], got {cond}")
+        _dtype(dtype)
+        self.module, self.inputs = probe_layer() if module is None else (module, inputs)
+        self.seeds = range(seeds)
+        self._cache: dict[tuple[float, str], torch.Tensor] = {}
+        self.cond = widgets.FloatLogSlider(value=cond, base=10, min=0, max=log10_max, step=0.25,
+                                           description="condition c", readout_format=".1e",
+                                           continuous_update=False)
+        self.dtype = widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
+        self.readout = widgets.HTML()
+        super().__init__([widgets.HBox([self.cond, self.dtype]), self.readout])
+        self.cond.observe(self._update, names="value")
+        self.dtype.observe(self._update, names="value")
+        self._update()
+
+    def errors(self, cond: float, dtype: str) -> torch.Tensor:
+        """Relative invariance errors ``[seeds]`` at condition number ``cond`` (cached)."""
+        key = (float(cond), dtype)
+        if key not in self._cache:
+            self._cache[key] = invariance_errors(self.module, self.inputs, [cond], dtype=dtype,
+                                                 seeds=self.seeds)[:, 0]
+        return self._cache[key]
+
+    def _update(self, change=None) -> None:
+        c, name = self.cond.value, self.dtype.value
+        err, eps = self.errors(c, name).max().item(), _eps(name)
+        source = SOURCE_BOUND * _eps("float64")
+        verdict = "holds" if err <= source else "is violated"
+        self.readout.value = (
+            f"<b>c = {c:.1e}, {name}</b>: largest relative invariance error over "
+            f"{len(self.seeds)} random gauge elements = <b>{err:.2e}</b> "
+            f"= {err / (c * eps):.2f} &middot; c &middot; eps (eps = {eps:.2e}).<br>"
+            f"The source's bound 24 eps<sub>float64</sub> = {source:.1e} {verdict} here.")
+
+
+def _random_direction(module: MultiHeadAttention, seed: int):
+    """Lie-algebra directions ``A [n_kv, dk, dk]``, ``B [n_kv, dv, dv]`` of unit spectral norm."""
+    if not isinstance(module, MultiHeadAttention) or module.rope:
+        raise ValueError("the orbit explorer needs a MultiHeadAttention without RoPE (whose QK "
+                         "group is all of GL(d_head))")
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(module.n_kv_heads, module.d_head, module.d_head, generator=g,
+                    dtype=torch.float64)
+    B = torch.randn(module.n_kv_heads, module.d_value, module.d_value, generator=g,
+                    dtype=torch.float64)
+    return (A / torch.linalg.matrix_norm(A, ord=2)[:, None, None],
+            B / torch.linalg.matrix_norm(B, ord=2)[:, None, None])
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+
+
+def orbit_path(module: MultiHeadAttention, inputs: torch.Tensor, s_values, *,
+               seed: int = 0) -> dict[str, torch.Tensor]:
+    r"""Walk along ``g(s) = QKTransform(exp(sA)) VOTransform(exp(sB))`` for random unit-norm
+    ``A, B`` (drawn from ``seed``).
+
+    Returns ``s``, ``parameter_change = |theta(s) - theta| / |theta|`` and ``output_change``
+    (the relative invariance error of ``g(s)``), each ``[len(s_values)]``.
+    """
+    A, B = _random_direction(module, seed)
+    s = torch.as_tensor(s_values, dtype=torch.float64).reshape(-1)
+    theta = _flat(module)
+    parameter_change, output_change = torch.empty_like(s), torch.empty_like(s)
+    for i, si in enumerate(s):
+        g = GaugeElement([QKTransform(torch.linalg.matrix_exp(si * A)),
+                          VOTransform(torch.linalg.matrix_exp(si * B))])
+        parameter_change[i] = (_flat(g.act(module)) - theta).norm() / theta.norm()
+        output_change[i] = invariance_error(g, module, inputs)
+    return {"s": s, "parameter_change": parameter_change, "output_change": output_change}
+
+
+def orbit_figure(path: dict[str, torch.Tensor]) -> Figure:
+    """Static fallback of :class:`OrbitExplorer`: parameter change and output change along the
+    orbit (from :func:`orbit_path`), on a log scale."""
+    fig = Figure(layout="constrained")
+    ax = fig.subplots()
+    for key, style, colour, label in (
+            ("parameter_change", "-", PALETTE[0], "parameters: |theta(s) - theta| / |theta|"),
+            ("output_change", "o", PALETTE[3], "outputs: relative invariance error")):
+        keep = path[key] > 0  # exact zeros (at s = 0) have no place on a log scale
+        ax.semilogy(path["s"][keep], path[key][keep], style, color=colour, label=label)
+    ax.set(xlabel="position s along the one-parameter subgroup (dimensionless)",
+           ylabel="relative change")
+    ax.legend(fontsize=8)
+    return fig
+
+
+class OrbitExplorer(widgets.VBox):
+    """A slider for the position ``s`` on a one-parameter subgroup of the QK and VO sectors; the
+    readout shows how far the weights moved and how little the output changed.
+
+    Attributes ``s`` (``FloatSlider``) and ``readout`` (``HTML``).
+    """
+
+    def __init__(self, module: MultiHeadAttention | None = None,
+                 inputs: torch.Tensor | None = None, *, seed: int = 0, s: float = 1.0,
+                 s_max: float = 3.0):
+        if (module is None) != (inputs is None):
+            raise ValueError("pass both module and inputs, or neither (for probe_layer())")
+        if s_max <= 0 or not -s_max <= s <= s_max:
+            raise ValueError(f"need s_max > 0 and |s| <= s_max, got s={s}, s_max={s_max}")
+        self.module, self.inputs = probe_layer() if module is None else (module, inputs)
+        self.seed = seed
+        _random_direction(self.module, seed)  # validate the module now, not on the first move
+        self.s = widgets.FloatSlider(value=s, min=-s_max, max=s_max, step=0.25,
+                                     description="position s", continuous_update=False)
+        self.readout = widgets.HTML()
+        super().__init__([self.s, self.readout])
+        self.s.observe(self._update, names="value")
+        self._update()
+
+    def _update(self, change=None) -> None:
+        path = orbit_path(self.module, self.inputs, [self.s.value], seed=self.seed)
+        moved, changed = path["parameter_change"].item(), path["output_change"].item()
+        self.readout.value = (
+            f"<b>s = {self.s.value:+.2f}</b>: the weights moved by <b>{moved:.1%}</b> of their "
+            f"norm; the output changed by <b>{changed:.1e}</b> (relative).")
