@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Check the built book the way a reader sees it: in headless Chromium, with the network closed.
+
+Usage: python .ci/check_rendered.py [HTML_DIR] [--chromium PATH] [--budget-ms MS] [--jobs N]
+
+HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0.1 (the handler of
+``python -m http.server``); Chromium may resolve no other host. Each page under ``HTML_DIR/book/``
+is loaded with ``chromium --headless ... --virtual-time-budget=MS --dump-dom URL`` and must show:
+
+* math: when the built page holds math for MathJax (elements of class ``math``), at least as many
+  ``<mjx-container>`` elements in the DOM (MathJax typeset each of them), no MathJax error
+  (``<mjx-merror>``, or an undefined macro, which MathJax shows in red), and no raw TeX
+  (``$...$``, ``$$``, ``\\(``, ``\\[``) in the visible text outside code;
+* widgets: when the page embeds ipywidgets views
+  (``<script type="application/vnd.jupyter.widget-view+json">``), as many rendered views: a
+  ``<div class="widget-subarea">`` holding an element of class ``jupyter-widgets``;
+* offline: no script or stylesheet is referenced on another host, and the local server answered
+  every request the pages made (no 404 other than ``/favicon.ico``).
+
+Exit status 0 when every page passes; otherwise 1, after a message naming each failure.
+Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+    # close the network: every host name but 127.0.0.1 fails to resolve
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+    "--enable-logging=stderr", "--v=0",  # JavaScript console messages go to stderr
+)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+SKIP_TEXT = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "noscript", "svg",
+             "template", "head", "mjx-container"}
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr"}
+RAW_TEX = [
+    ("\\(", re.compile(r"\\\(")),
+    ("\\[", re.compile(r"\\\[")),
+    ("$$", re.compile(r"\$\$")),
+    ("$...$", re.compile(r"(?<![\\$])\$[^\s$][^$\n]*?(?<![\s\\])\$")),
+]
+CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
+
+
+def classes(attrs) -> list[str]:
+    return (dict(attrs).get("class") or "").split()
+
+
+class StaticPage(HTMLParser):
+    """What the built (not yet scripted) HTML contains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.math = 0           # elements of class "math": MathJax must typeset each
+        self.widget_views = 0   # embedded widget views: the embedder must render each
+        self.remote = []        # scripts and stylesheets on another host
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "math" in classes(attrs):
+            self.math += 1
+        if tag == "script" and a.get("type") == WIDGET_VIEW:
+            self.widget_views += 1
+        url = a.get("src") if tag == "script" else a.get("href") if tag == "link" else None
+        if url and re.match(r"(https?:)?//", url) and (tag == "script" or "stylesheet" in (a.get("rel") or "")):
+            self.remote.append(url)
+
+    handle_startendtag = handle_starttag
+
+
+class RenderedPage(HTMLParser):
+    """What the DOM holds after Chromium ran the page's scripts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mjx = 0
+        self.mjx_errors = []
+        self.text = []
+        self.subareas = []      # one flag per widget-subarea: does it hold a rendered widget?
+        self._stack = []        # open elements: (tag, skips text, index of the subarea it opens)
+        self._skip = 0
+        self._red_mtext = False
+
+    def _open_subareas(self):
+        return [i for _, _, i in self._stack if i is not None]
+
+    def handle_starttag(self, tag, attrs):
+        cls = classes(attrs)
+        a = dict(attrs)
+        if tag == "mjx-container":
+            self.mjx += 1
+        if tag in ("mjx-merror", "merror"):
+            self.mjx_errors.append(a.get("data-mjx-error") or a.get("title") or "MathJax error")
+        self._red_mtext = tag == "mtext" and a.get("mathcolor") == "red"
+        if "jupyter-widgets" in cls and self._open_subareas():
+            self.subareas[self._open_subareas()[-1]] = True
+        if tag in VOID:
+            return
+        subarea = None
+        if tag == "div" and "widget-subarea" in cls:
+            self.subareas.append(False)
+            subarea = len(self.subareas) - 1
+        skips = tag in SKIP_TEXT
+        self._skip += skips
+        self._stack.append((tag, skips, subarea))
+
+    def handle_startendtag(self, tag, attrs):
+        if tag not in VOID:  # <x/> in SVG or MathML: opens and closes at once
+            self.handle_starttag(tag, attrs)
+            self.handle_endtag(tag)
+        else:
+            self.handle_starttag(tag, attrs)
+
+    def handle_endtag(self, tag):
+        self._red_mtext = False
+        for k in range(len(self._stack) - 1, -1, -1):
+            if self._stack[k][0] == tag:
+                for _, skips, _ in self._stack[k:]:
+                    self._skip -= skips
+                del self._stack[k:]
+                return
+
+    def handle_data(self, data):
+        if self._red_mtext and data.startswith("\\"):
+            self.mjx_errors.append(f"undefined control sequence {data}")
+        if not self._skip:
+            self.text.append(data)
+
+
+@dataclass
+class Result:
+    page: str
+    static: StaticPage
+    rendered: RenderedPage | None = None
+    failures: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """The handler of ``python -m http.server``, recording each request instead of printing it."""
+
+    requests: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def log_request(self, code="-", size="-"):
+        with self.lock:
+            self.requests.append((self.path, int(code) if str(code).isdigit() else 0))
+
+    def log_message(self, format, *args):
+        pass
+
+
+def find_chromium(explicit: str | None) -> str:
+    for name in ([explicit] if explicit else []) + [os.environ.get("CHROMIUM", "")] + list(CHROMIUM_NAMES):
+        if name and (path := shutil.which(name)):
+            return path
+    sys.exit("check_rendered: no Chromium found. Install the Debian package 'chromium' "
+             "(.ci/run does) or pass --chromium PATH.")
+
+
+def render(chromium: str, url: str, budget_ms: int) -> tuple[str, str]:
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        proc = subprocess.run(
+            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 or "<html" not in proc.stdout:
+        raise RuntimeError(f"chromium exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.stdout, proc.stderr
+
+
+def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_ms: int) -> Result:
+    static = StaticPage()
+    static.feed((html_dir / page).read_text(encoding="utf-8"))
+    result = Result(page, static)
+    for url in static.remote:
+        result.failures.append(f"references {url} on another host (it cannot load offline)")
+    start = time.monotonic()
+    try:
+        dom, log = render(chromium, f"{base_url}/{page}", budget_ms)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        result.failures.append(f"could not render: {error}")
+        return result
+    result.seconds = time.monotonic() - start
+    result.console = [msg for msg, _ in CONSOLE_ERROR.findall(log)]
+    rendered = RenderedPage()
+    rendered.feed(dom)
+    result.rendered = rendered
+
+    if static.math and rendered.mjx < static.math:
+        result.failures.append(
+            f"MathJax typeset {rendered.mjx} of {static.math} math elements"
+            + (" (MathJax did not run: is _vendor/mathjax served?)" if rendered.mjx == 0 else ""))
+    for error in dict.fromkeys(rendered.mjx_errors):  # each error shows in CHTML and in MathML
+        result.failures.append(f"MathJax error: {error}")
+    text = " ".join("".join(rendered.text).split())
+    for name, pattern in RAW_TEX:
+        for match in pattern.finditer(text):
+            snippet = text[max(0, match.start() - 40):match.end() + 40]
+            result.failures.append(f"raw TeX {name} in the visible text: ...{snippet}...")
+            break
+    rendered_views = sum(rendered.subareas)
+    if static.widget_views and rendered_views < static.widget_views:
+        result.failures.append(
+            f"{rendered_views} of {static.widget_views} embedded widget views rendered"
+            + (" (the embedder did not run: are require.js and jupyter-widgets/ served?)"
+               if not rendered.subareas else ""))
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("html_dir", nargs="?", default="_build/html", type=Path)
+    parser.add_argument("--chromium", help="Chromium executable (default: found on PATH)")
+    parser.add_argument("--budget-ms", type=int, default=10000, help="--virtual-time-budget")
+    parser.add_argument("--jobs", type=int, default=2, help="pages rendered at once")
+    args = parser.parse_args(argv)
+
+    html_dir = args.html_dir.resolve()
+    pages = sorted(p.relative_to(html_dir).as_posix() for p in (html_dir / "book").glob("*.html"))
+    if not pages:
+        print(f"check_rendered: no pages under {html_dir}/book/: build the book first "
+              "(jupyter-book build .)", file=sys.stderr)
+        return 1
+    chromium = find_chromium(args.chromium)
+
+    handler = functools.partial(QuietHandler, directory=str(html_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(
+                lambda page: check_page(chromium, base_url, html_dir, page, args.budget_ms), pages))
+    finally:
+        server.shutdown()
+
+    missing = sorted({path for path, code in QuietHandler.requests
+                      if code >= 400 and path.split("?")[0] != "/favicon.ico"})
+
+    print(f"{'page':<34} {'math':>11} {'widgets':>9}  seconds")
+    for r in results:
+        mjx = r.rendered.mjx if r.rendered else 0
+        views = sum(r.rendered.subareas) if r.rendered else 0
+        print(f"{r.page:<34} {mjx:>5}/{r.static.math:<5} {views:>4}/{r.static.widget_views:<4} "
+              f"{r.seconds:6.1f}  {'ok' if not r.failures else 'FAILED'}")
+    console: dict[str, list[str]] = {}
+    for r in results:
+        for message in dict.fromkeys(r.console):
+            console.setdefault(message, []).append(r.page)
+    if console:
+        print("\nJavaScript errors reported by the pages (for information; not checked):")
+        for message, on_pages in sorted(console.items()):
+            print(f"  {message} [{len(on_pages)} of {len(results)} pages]")
+
+    failed = [r for r in results if r.failures]
+    if failed or missing:
+        print("\ncheck_rendered: FAILED", file=sys.stderr)
+        for r in failed:
+            for failure in r.failures:
+                print(f"  {r.page}: {failure}", file=sys.stderr)
+        for path in missing:
+            print(f"  the server has no {path} (requested by a page; missing from _vendor/?)",
+                  file=sys.stderr)
+        return 1
+    print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
+          f"no network).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

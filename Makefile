@@ -1,0 +1,124 @@
+# gaugebook: build the book and run every test from a fresh machine with only Python 3 (and npm).
+#
+#   make book   set up .venv if needed, execute every notebook (CPU) and build _build/html
+#   make test   set up .venv if needed, then: unit tests, every notebook under nbval, the strict
+#               book build from a clean _build, and the headless-Chromium check of the pages
+#
+# The set-up is stamped (.venv/.installed, _vendor/.installed): re-running only redoes what changed.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.NOTPARALLEL:
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is installed first and alone, pinned, so that nothing resolves an unpinned (CUDA) build.
+# On a machine without the local CPU wheel, add e.g.
+#   TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_VERSION := 2.13.0
+TORCH := torch==$(TORCH_VERSION)
+TORCH_PIP_ARGS ?=
+CONSTRAINTS := .ci/requirements.txt
+VENV_STAMP := $(VENV)/.installed
+
+# JavaScript that the rendered book serves itself (see _config.yml: html_extra_path, mathjax_path,
+# nb_ipywidgets_js). Only these files are copied out of node_modules.
+VENDOR := _vendor
+VENDOR_STAMP := $(VENDOR)/.installed
+MATHJAX := node_modules/mathjax/es5
+WIDGETS := node_modules/@jupyter-widgets/html-manager/dist
+
+# Two workers on two cores: one BLAS thread each, or the notebooks fight over the cores.
+PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+HTML_INDEX := _build/html/index.html
+
+.PHONY: help venv assets book test test-unit test-notebooks test-book test-rendered clean distclean
+
+help:
+	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
+	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check"
+	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
+	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
+	@echo "make clean  remove _build and $(VENDOR); make distclean also removes $(VENV), node_modules"
+
+# --- set-up -----------------------------------------------------------------------------------
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml $(CONSTRAINTS)
+	@start=$$(date +%s); \
+	echo "Setting up $(VENV): $(TORCH) first, then -e \".[book,dev]\" pinned by $(CONSTRAINTS)"; \
+	if [ ! -x $(BIN)/python ]; then $(PYTHON) -m venv $(VENV); fi; \
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) $(TORCH_PIP_ARGS) "$(TORCH)"; \
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[book,dev]"; \
+	$(BIN)/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_VERSION)', torch.__version__"; \
+	touch $@; \
+	echo "[time] set up $(VENV): $$(( $$(date +%s) - start )) s"
+
+assets: $(VENDOR_STAMP)
+
+node_modules/.package-lock.json: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is required (Debian: apt-get install npm)" >&2; exit 1; }
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+
+$(VENDOR_STAMP): node_modules/.package-lock.json Makefile
+	rm -rf $(VENDOR)
+	mkdir -p $(VENDOR)/mathjax/input/tex $(VENDOR)/mathjax/output/chtml/fonts $(VENDOR)/jupyter-widgets
+	cp $(MATHJAX)/tex-chtml.js $(VENDOR)/mathjax/
+	cp -r $(MATHJAX)/input/tex/extensions $(VENDOR)/mathjax/input/tex/
+	cp -r $(MATHJAX)/output/chtml/fonts/woff-v2 $(VENDOR)/mathjax/output/chtml/fonts/
+	cp -r $(MATHJAX)/ui $(MATHJAX)/a11y $(MATHJAX)/sre $(VENDOR)/mathjax/
+	cp node_modules/mathjax/LICENSE $(VENDOR)/mathjax/
+	cp node_modules/requirejs/require.js $(VENDOR)/require.js
+	cp $(WIDGETS)/embed-amd.js $(WIDGETS)/*.woff2 $(VENDOR)/jupyter-widgets/
+	printf '%s\n' "Third-party JavaScript served by the rendered book (copied by 'make assets'):" \
+	  "mathjax $$(node -p 'require("./node_modules/mathjax/package.json").version') (Apache-2.0)" \
+	  "requirejs $$(node -p 'require("./node_modules/requirejs/package.json").version') (MIT)" \
+	  "@jupyter-widgets/html-manager $$(node -p 'require("./node_modules/@jupyter-widgets/html-manager/package.json").version') (BSD-3-Clause)" \
+	  > $(VENDOR)/THIRD_PARTY.txt
+	touch $@
+
+# --- the book ---------------------------------------------------------------------------------
+
+book: $(VENV_STAMP) $(VENDOR_STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/jupyter-book build --all .; \
+	echo "[time] book build: $$(( $$(date +%s) - start )) s"; \
+	echo "The book: $(CURDIR)/$(HTML_INDEX)"
+
+# --- tests ------------------------------------------------------------------------------------
+
+test: test-unit test-notebooks test-book test-rendered
+	@echo "All tests passed."
+
+test-unit: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	$(PARALLEL_ENV) $(BIN)/pytest -n 2 tests/; \
+	echo "[time] unit tests: $$(( $$(date +%s) - start )) s"
+
+test-notebooks: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	$(PARALLEL_ENV) $(BIN)/pytest --nbval-lax --nbval-current-env -n 2 --dist loadfile book/; \
+	echo "[time] notebooks (nbval): $$(( $$(date +%s) - start )) s"
+
+test-book: $(VENV_STAMP) $(VENDOR_STAMP)
+	@start=$$(date +%s); \
+	rm -rf _build; \
+	$(BIN)/jupyter-book build . -W -n --keep-going; \
+	echo "[time] strict book build: $$(( $$(date +%s) - start )) s"
+
+test-rendered: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/python .ci/check_rendered.py _build/html; \
+	echo "[time] rendered-page check: $$(( $$(date +%s) - start )) s"
+
+# --- cleaning ---------------------------------------------------------------------------------
+
+clean:
+	rm -rf _build $(VENDOR)
+
+distclean: clean
+	rm -rf $(VENV) node_modules
