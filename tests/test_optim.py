@@ -1,0 +1,380 @@
+"""ECD follows its update equations; the fast path equals the reference; resume is exact."""
+import io
+import math
+import os
+import tempfile
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from gaugebook.optim import ECD, MultiOptimizer, make_optimizer
+
+DT = torch.float64
+
+
+def mlp(seed=0, dtype=DT):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).to(dtype)
+
+
+def data(seed=1, dtype=DT):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(16, 4, generator=g, dtype=dtype),
+            torch.randn(16, 2, generator=g, dtype=dtype))
+
+
+def closure_for(model, opt, x, y, shift=0.0):
+    def closure():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean() + shift
+        loss.backward()
+        return loss
+    return closure
+
+
+def run(model, opt, steps, x, y, shift=0.0):
+    closure = closure_for(model, opt, x, y, shift)
+    for _ in range(steps):
+        opt.step(closure)
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+# ---------- an independent implementation of the equations, on one flat vector ----------
+
+def equations(model, x, y, steps, *, lr, eta, F0, weight_decay=0.0, projection="global"):
+    """theta after each step, from the ECD equations written out on a flat parameter vector."""
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+    theta = flat(model).clone()
+    d = theta.numel()
+    dt, kappa = lr / math.sqrt(eta), eta / 2 * d / (d - 1)
+
+    def F_and_g(theta):
+        theta = theta.detach().requires_grad_(True)
+        values = {n: t.view(s) for n, t, s in zip(names, theta.split(sizes), shapes)}
+        out = torch.func.functional_call(model, values, (x,))
+        F = ((out - y) ** 2).mean() + weight_decay / 2 * theta.square().sum()
+        (g,) = torch.autograd.grad(F, theta)
+        return F.item(), g
+
+    v, trajectory = None, []
+    for _ in range(steps):
+        F, g = F_and_g(theta)
+        if v is None:
+            v = -g / g.norm()
+        v = v / v.norm()
+        if projection == "global":
+            perp = g - v * (v @ g)
+        else:
+            perp = torch.cat([gi - vi * (vi @ gi)
+                              for vi, gi in zip(v.split(sizes), g.split(sizes))])
+        v = v - kappa * dt * perp / (F - F0)
+        theta = theta + dt * v
+        trajectory.append(theta.clone())
+    return trajectory
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.3])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_trajectory_follows_the_equations(projection, weight_decay, foreach):
+    x, y = data()
+    hp = dict(lr=0.3, eta=4.0, F0=-0.5, weight_decay=weight_decay)
+    expected = equations(mlp(), x, y, 12, projection=projection, **hp)
+    model = mlp()
+    opt = ECD(model.parameters(), projection=projection, foreach=foreach, **hp)
+    closure = closure_for(model, opt, x, y)
+    for step, theta in enumerate(expected):
+        opt.step(closure)
+        assert (flat(model) - theta).abs().max() < 1e-12, f"step {step + 1}"
+
+
+def test_velocity_has_unit_norm_after_every_step():
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.5, eta=2.0, F0=-1.0, nu=0.5, weight_decay=0.1)
+    closure = closure_for(model, opt, x, y)
+    for _ in range(15):
+        opt.step(closure)
+        v = torch.cat([opt.state[p]["velocity"].reshape(-1) for p in model.parameters()])
+        assert abs(v.norm().item() - 1) < 1e-12
+
+
+def test_foreach_equals_reference():
+    """Two groups (different lr and weight decay), chaos on: the paths agree to round-off."""
+    x, y = data()
+    models, opts = [], []
+    for foreach in (False, True):
+        model = mlp()
+        torch.manual_seed(123)  # seeds the chaos generator
+        groups = [{"params": model[0].parameters(), "lr": 0.2, "weight_decay": 0.05},
+                  {"params": model[2].parameters()}]
+        opts.append(ECD(groups, lr=0.4, eta=3.0, F0=-0.2, nu=0.3, foreach=foreach))
+        models.append(model)
+    for _ in range(10):
+        for model, opt in zip(models, opts):
+            opt.step(closure_for(model, opt, x, y))
+    assert (flat(models[0]) - flat(models[1])).abs().max() < 1e-14
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        diff = (opts[0].state[p]["velocity"] - opts[1].state[q]["velocity"]).abs().max()
+        assert diff < 1e-14
+
+
+def test_mixed_dtypes():
+    """Velocities live in one flat buffer per dtype; both paths handle several dtypes."""
+    x, y = data(dtype=torch.float32)
+    trajectories = []
+    for foreach in (False, True):
+        model = mlp(dtype=torch.float32)
+        model[2].double()
+        torch.manual_seed(5)
+        opt = ECD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.1}],
+                  lr=0.3, eta=2.0, F0=-1.0, nu=0.1, weight_decay=0.01, foreach=foreach)
+
+        def closure():
+            opt.zero_grad()
+            loss = ((model[2](model[1](model[0](x)).double()) - y.double()) ** 2).mean()
+            loss.backward()
+            return loss
+        for _ in range(6):
+            opt.step(closure)
+        v = torch.cat([opt.state[p]["velocity"].double().reshape(-1) for p in model.parameters()])
+        assert abs(v.norm().item() - 1) < 1e-6
+        assert {t.dtype for t in opt._flat.values()} == {torch.float32, torch.float64}
+        trajectories.append(flat(model.double()))
+    assert (trajectories[0] - trajectories[1]).abs().max() < 1e-5  # float32 round-off
+
+
+def test_state_is_half_of_adamw():
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 50))
+    idx = torch.randint(0, 50, (4, 8))
+
+    def state_bytes_after_one_step(opt):
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+            loss.backward()
+            return loss
+        opt.step(closure)
+        return sum(t.numel() * t.element_size() for s in opt.state.values()
+                   for t in s.values() if torch.is_tensor(t))
+
+    ecd = state_bytes_after_one_step(ECD(model.parameters(), lr=0.1, eta=10.0, F0=0.0))
+    adamw = state_bytes_after_one_step(torch.optim.AdamW(model.parameters()))
+    assert ecd == sum(p.numel() * p.element_size() for p in model.parameters())  # one velocity
+    assert 0.49 < ecd / adamw <= 0.5  # AdamW: two moments (+ a step counter per tensor)
+
+
+def test_resume_is_exact():
+    """10 steps == 5 steps, save, load into fresh objects, 5 steps (chaos and skipped steps on)."""
+    x, y = data()
+
+    def fresh():
+        model = mlp()
+        torch.manual_seed(7)
+        return model, ECD(model.parameters(), lr=0.4, eta=2.0, F0=0.05, nu=0.2, weight_decay=0.01)
+
+    model, opt = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run(model, opt, 10, x, y)
+        straight = flat(model).clone()
+
+        model, opt = fresh()
+        run(model, opt, 5, x, y)
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+        buffer.seek(0)
+        saved = torch.load(buffer, weights_only=False)
+        model, opt = fresh()
+        torch.manual_seed(999)  # the global generator must not matter after loading
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        assert opt.steps + opt.skipped_steps == 5
+        run(model, opt, 5, x, y)
+    assert torch.equal(flat(model), straight)
+
+
+def test_skipped_steps_warn_once_and_are_counted():
+    x, y = data()
+    model = mlp()
+    before = flat(model).clone()
+    opt = ECD(model.parameters(), lr=0.1, eta=1.0, F0=100.0)
+    with pytest.warns(RuntimeWarning, match="Lower F0") as record:
+        run(model, opt, 3, x, y)
+    assert len([w for w in record if "F0" in str(w.message)]) == 1
+    assert opt.skipped_steps == 3 and opt.steps == 0
+    assert torch.equal(flat(model), before)
+    assert opt.state_dict()["ecd"]["skipped_steps"] == 3
+
+
+def test_continuum_limit_is_first_order():
+    """As dt -> 0 the steps follow the ray dtheta/ds = v, dv/ds = -kappa P_v g / (F - F0)."""
+    from scipy.integrate import solve_ivp
+
+    A = torch.tensor([[3.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.3]], dtype=DT)
+    theta0, eta, F0, S = torch.tensor([1.0, -0.5, 0.8], dtype=DT), 2.0, -0.5, 0.6
+    d = 3
+    kappa = eta / 2 * d / (d - 1)
+
+    def F(t):
+        return 0.5 * t @ A @ t
+
+    def rhs(_, z):
+        t, v = torch.from_numpy(z[:3]), torch.from_numpy(z[3:])
+        g = A @ t
+        return torch.cat([v, -kappa * (g - v * (v @ g)) / (F(t) - F0)]).numpy()
+
+    g0 = A @ theta0
+    z0 = torch.cat([theta0, -g0 / g0.norm()]).numpy()
+    exact = solve_ivp(rhs, (0, S), z0, rtol=1e-12, atol=1e-12).y[:3, -1]
+
+    errors = []
+    for dt in (0.01, 0.005):
+        theta = nn.Parameter(theta0.clone())
+        opt = ECD([theta], lr=dt * math.sqrt(eta), eta=eta, F0=F0)
+
+        def closure():
+            opt.zero_grad()
+            loss = F(theta)
+            loss.backward()
+            return loss
+        for _ in range(round(S / dt)):
+            opt.step(closure)
+        errors.append((theta.detach() - torch.from_numpy(exact)).norm().item())
+    assert errors[0] < 0.05
+    assert 1.6 < errors[0] / errors[1] < 2.4  # error proportional to dt
+
+
+def test_global_projection_commutes_with_rotations():
+    """Global ECD is O(d)-equivariant; the per-tensor shortcut is not."""
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(5, 5, generator=g, dtype=DT)
+    A = A @ A.T + torch.eye(5, dtype=DT)
+    R = torch.linalg.qr(torch.randn(5, 5, generator=g, dtype=DT))[0]
+    theta0 = torch.randn(5, generator=g, dtype=DT)
+
+    def trajectory(rotation, projection):
+        a = nn.Parameter((rotation @ theta0)[:3].clone())
+        b = nn.Parameter((rotation @ theta0)[3:].clone())
+        opt = ECD([a, b], lr=0.3, eta=2.0, F0=-1.0, projection=projection)
+
+        def closure():
+            opt.zero_grad()
+            t = rotation.T @ torch.cat([a, b])
+            loss = 0.5 * t @ A @ t
+            loss.backward()
+            return loss
+        for _ in range(8):
+            opt.step(closure)
+        return torch.cat([a, b]).detach()
+
+    I = torch.eye(5, dtype=DT)
+    for projection, equivariant in (("global", True), ("per_tensor", False)):
+        error = (trajectory(R, projection) - R @ trajectory(I, projection)).abs().max().item()
+        assert (error < 1e-12) == equivariant, (projection, error)
+
+
+def _ddp_worker(rank, world_size, init_file, out_file):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.3, eta=2.0, F0=-0.5)
+    run(model, opt, 4, x, y, shift=float(rank))  # same gradient, losses differ by the rank
+    if rank == 0:
+        torch.save(flat(model), out_file)
+    dist.destroy_process_group()
+
+
+def test_ddp_averages_the_loss():
+    import torch.multiprocessing as mp
+
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.3, eta=2.0, F0=-0.5)
+    run(model, opt, 4, x, y, shift=0.5)  # the mean of the shifts 0 and 1
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "theta.pt")
+        mp.spawn(_ddp_worker, args=(2, os.path.join(tmp, "init"), out), nprocs=2)
+        assert (torch.load(out) - flat(model)).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lr=0.0), "lr"), (dict(lr=-1.0), "lr"), (dict(eta=0.0), "eta"),
+    (dict(nu=-0.1), "nu"), (dict(weight_decay=-1e-3), "weight_decay"),
+    (dict(F0=float("nan")), "F0"), (dict(F0=float("inf")), "F0"), (dict(F0="low"), "F0"),
+    (dict(projection="per_layer"), "projection"), (dict(lr="fast"), "lr"),
+])
+def test_bad_hyperparameters(kwargs, match):
+    hp = dict(lr=0.1, eta=1.0, F0=0.0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        ECD(mlp().parameters(), **hp)
+
+
+def test_clear_errors():
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.1, eta=1.0, F0=-1.0)
+    with pytest.raises(ValueError, match="closure"):
+        opt.step()
+    with pytest.raises(FloatingPointError, match="loss"):
+        run(model, opt, 1, x, y, shift=float("nan"))
+    hook = model[2].weight.register_hook(lambda g: g * float("nan"))  # finite loss, NaN gradient
+    with pytest.raises(FloatingPointError, match=r"gradient of parameter 2 \(shape \(2, 6\)\)"):
+        run(model, opt, 1, x, y)
+    hook.remove()
+    with pytest.raises(ValueError, match="shared"):
+        ECD([{"params": model[0].parameters(), "eta": 2.0}, {"params": model[2].parameters()}],
+            lr=0.1, eta=1.0, F0=0.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        ECD([nn.Parameter(torch.ones(1))], lr=0.1, eta=1.0, F0=0.0)
+    w = nn.Parameter(torch.zeros(3))
+    flat_loss = ECD([w], lr=0.1, eta=1.0, F0=-1.0)
+
+    def closure():
+        flat_loss.zero_grad()
+        loss = (w * 0).sum() + 1
+        loss.backward()
+        return loss
+    with pytest.raises(ValueError, match="gradient is exactly zero"):
+        flat_loss.step(closure)
+
+
+def test_make_optimizer_builds_the_baselines():
+    x, y = data(dtype=torch.float32)
+    for name, hp in [("ecd", dict(lr=0.1, eta=10.0, F0=0.0)), ("adamw", dict(lr=1e-3)),
+                     ("sgdm", dict(lr=1e-2)), ("muon", dict(lr=1e-3)), ("soap", dict(lr=1e-3))]:
+        model = mlp(dtype=torch.float32)
+        before = flat(model).clone()
+        params = model.named_parameters() if name == "muon" else model.parameters()
+        opt = make_optimizer(name, params, **hp)
+        for _ in range(2):
+            opt.step(closure_for(model, opt, x, y))
+        assert not torch.equal(flat(model), before), name
+    sgd = make_optimizer("sgdm", mlp().parameters(), lr=0.1)
+    assert sgd.defaults["nesterov"] and sgd.defaults["momentum"] == 0.95
+    assert make_optimizer("adamw", mlp().parameters(), lr=0.1).defaults["fused"] is False  # CPU
+    with pytest.raises(ValueError, match="valid names: ecd, adamw, sgdm, muon, soap"):
+        make_optimizer("adam", mlp().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="lr"):
+        make_optimizer("adamw", mlp().parameters())
+
+
+def test_muon_gets_the_matrices_adamw_the_rest():
+    model = nn.ModuleDict({"wte": nn.Embedding(10, 4), "fc": nn.Linear(4, 4),
+                           "ln": nn.LayerNorm(4)})
+    opt = make_optimizer("muon", model.named_parameters(), lr=1e-3)
+    assert isinstance(opt, MultiOptimizer)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert [p for g in muon.param_groups for p in g["params"]] == [model["fc"].weight]
+    assert len([p for g in adamw.param_groups for p in g["params"]]) == 4  # wte, fc.bias, ln x2
