@@ -1,0 +1,87 @@
+r"""The commutant of a set of matrices: all ``X`` with ``X R = R X`` for every ``R`` in the set.
+
+With rotary position embeddings a QK transformation ``M`` must commute with every position
+rotation ``R_t`` (chapter 5), so the QK gauge group of a RoPE head is the group of invertible
+elements of the commutant of ``{R_t}``. The commutant is a linear space (indeed an algebra: it
+contains ``I`` and is closed under products), and its invertible elements are an open subset of
+it, so the group and the space have the same dimension.
+
+We compute it as the null space of the linear map ``X -> (X R_1 - R_1 X, ..., X R_n - R_n X)``.
+With row-major vectorisation, ``vec(X R) = (I kron R^T) vec(X)`` and ``vec(R X) = (R kron I) vec(X)``,
+so the map's matrix is the stack of ``I kron R_i^T - R_i kron I``, of shape ``[n d^2, d^2]``; its
+null space comes from the SVD. A singular value counts as zero when it is at most
+``rtol * s_max`` with ``rtol = max(shape) * eps_float64`` (as in :mod:`gaugebook.redundancy`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gaugebook.linalg import DTYPE
+
+__all__ = ["Commutant", "commutant", "commutator_map"]
+
+
+@dataclass(frozen=True)
+class Commutant:
+    """Result of :func:`commutant`."""
+
+    basis: torch.Tensor  # [dimension, d, d], orthonormal for <X, Y> = tr(X^T Y)
+    singular_values: torch.Tensor  # of the commutator map, descending, float64
+    tolerance: float
+    gap: float  # last kept over first dropped singular value; inf when nothing is dropped
+
+    @property
+    def dimension(self) -> int:
+        return self.basis.shape[0]
+
+    def __str__(self) -> str:
+        d = self.basis.shape[-1]
+        return (f"commutant of dimension {self.dimension} in gl({d}) (dimension {d * d}), "
+                f"spectral gap {self.gap:.2g}")
+
+
+def _as_stack(matrices) -> torch.Tensor:
+    """Validate ``matrices`` (a tensor ``[n, d, d]`` or a sequence of ``[d, d]``); float64."""
+    if not torch.is_tensor(matrices):
+        matrices = list(matrices)
+        if not matrices:
+            raise ValueError("the commutant needs at least one matrix")
+        matrices = torch.stack([torch.as_tensor(R) for R in matrices])
+    matrices = matrices.detach().to(DTYPE)
+    if matrices.ndim != 3 or matrices.shape[-1] != matrices.shape[-2]:
+        raise ValueError(f"expected square matrices [n, d, d], got shape {tuple(matrices.shape)}")
+    if matrices.shape[0] == 0:
+        raise ValueError("the commutant needs at least one matrix")
+    if not torch.isfinite(matrices).all():
+        raise ValueError("the matrices have non-finite entries")
+    return matrices
+
+
+def commutator_map(matrices) -> torch.Tensor:
+    """The matrix ``[n d^2, d^2]`` of ``vec(X) -> (vec(X R_i - R_i X))_i`` (row-major ``vec``)."""
+    R = _as_stack(matrices)  # (n, d, d)
+    n, d = R.shape[0], R.shape[-1]
+    eye = torch.eye(d, dtype=DTYPE)
+    # entry [(i, j), (k, l)] of I kron R^T is eye[i, k] R[l, j]; of R kron I it is R[i, k] eye[j, l]
+    A = torch.einsum("ik,nlj->nijkl", eye, R) - torch.einsum("nik,jl->nijkl", R, eye)
+    return A.reshape(n * d * d, d * d)
+
+
+def commutant(matrices, *, rtol: float | None = None) -> Commutant:
+    """Basis of ``{X in R^{d x d} : X R = R X for all R in matrices}`` (SVD null space).
+
+    Examples: one rotation plane turning at a non-zero angle has the commutant
+    ``{a I + b J}`` (dimension 2, the complex numbers); the identity has all of ``gl(d)``.
+    """
+    A = commutator_map(matrices)
+    d = math.isqrt(A.shape[1])
+    _, s, Vh = torch.linalg.svd(A, full_matrices=True)  # s: (d^2,) as n d^2 >= d^2
+    rtol = max(A.shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
+    tol = rtol * s[0].item()
+    rank = int((s > tol).sum())
+    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    basis = Vh[rank:].reshape(-1, d, d)  # rows of Vh are orthonormal
+    return Commutant(basis, s, tol, gap)
