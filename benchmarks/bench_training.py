@@ -123,24 +123,34 @@ def main(argv=None):
     settings = dict(compile=gpu, bf16=gpu)
 
     results = {"size": size, "warmup_steps": steps, "timed_steps": steps, "settings": settings}
-    # The plain loop runs first and last: the spread of the two says how stable the machine is,
-    # and their mean is the baseline for the ratios.
-    plain_first = plain_loop_tokens_per_s(size, steps, steps, device, **settings)
-    trainer = trainer_tokens_per_s(size, steps, device, **settings)
-    broken = plain_loop_tokens_per_s(size, steps, steps, device, symmetry_breaking="bqv",
-                                     **settings)
-    plain_last = plain_loop_tokens_per_s(size, steps, steps, device, **settings)
-    plain = (plain_first + plain_last) / 2
-    results["throughput"] = {"plain_loop_tokens_per_s": [plain_first, plain_last],
-                             "trainer_tokens_per_s": trainer,
-                             "trainer_over_plain": trainer / plain,
-                             "bqv_tokens_per_s": broken, "bqv_over_symmetric": broken / plain}
-    results["optimizer"] = optimizer_step_times(size, device, reps=50 if gpu else 10)
-    results["provenance"] = provenance(device)
     results["command"] = "python benchmarks/bench_training.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if v is not None)
+    results["provenance"] = provenance(device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    def save():  # after every stage, so a run cut short keeps what it measured
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    results["optimizer"] = optimizer_step_times(size, device, reps=50 if gpu else 10)
+    save()
+    # The plain loop runs first and last: the spread of the two says how stable the machine is,
+    # and their mean is the baseline for the ratios.
+    tp = results["throughput"] = {}
+    tp["plain_loop_tokens_per_s"] = [plain_loop_tokens_per_s(size, steps, steps, device, **settings)]
+    save()
+    tp["trainer_tokens_per_s"] = trainer_tokens_per_s(size, steps, device, **settings)
+    tp["trainer_over_plain"] = tp["trainer_tokens_per_s"] / tp["plain_loop_tokens_per_s"][0]
+    save()
+    tp["bqv_tokens_per_s"] = plain_loop_tokens_per_s(size, steps, steps, device,
+                                                     symmetry_breaking="bqv", **settings)
+    tp["bqv_over_symmetric"] = tp["bqv_tokens_per_s"] / tp["plain_loop_tokens_per_s"][0]
+    save()
+    tp["plain_loop_tokens_per_s"].append(plain_loop_tokens_per_s(size, steps, steps, device,
+                                                                 **settings))
+    plain = sum(tp["plain_loop_tokens_per_s"]) / 2
+    tp["trainer_over_plain"] = tp["trainer_tokens_per_s"] / plain
+    tp["bqv_over_symmetric"] = tp["bqv_tokens_per_s"] / plain
+    save()
     print(json.dumps({k: results[k] for k in ("throughput", "optimizer")}, indent=1))
 
 
