@@ -133,8 +133,11 @@ class MultiHeadAttention(nn.Module):
         q = torch.einsum("btd,hde->bhte", x, self.W_Q)  # (B, H, T, dk)
         k = torch.einsum("btd,gde->bgte", x, self.W_K)  # (B, Hkv, T, dk)
         v = torch.einsum("btd,gde->bgte", x, self.W_V)  # (B, Hkv, T, dv)
-        if self.has_bias:
-            q, k, v = q + self.b_Q[:, None], k + self.b_K[:, None], v + self.b_V[:, None]
+        if self.has_bias:  # cast: under bf16 autocast a float32 bias would promote q, k, v to
+            # float32 and rule out the fused bf16 attention kernels
+            q = q + self.b_Q[:, None].to(q.dtype)
+            k = k + self.b_K[:, None].to(k.dtype)
+            v = v + self.b_V[:, None].to(v.dtype)
         if query_shift is not None:
             q = q + query_shift.to(q.dtype)[..., None, :]
         if value_shift is not None:
@@ -165,4 +168,4 @@ class MultiHeadAttention(nn.Module):
         z = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                            enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, dv)
         out = torch.einsum("bhte,hed->btd", z, self.W_O)  # (B, T, d_model)
-        return out + self.b_O if self.has_bias else out
+        return out + self.b_O.to(out.dtype) if self.has_bias else out
