@@ -1,7 +1,20 @@
 """gaugebook: gauge symmetries of Transformers, and breaking them to train better.
 
-Modules: :mod:`~gaugebook.attention` (per-head attention: MHA, GQA, MQA, RoPE, gated RoPE),
-:mod:`~gaugebook.gauge` (the gauge group acting on modules), :mod:`~gaugebook.redundancy`
-(Jacobian-rank redundancy and the theory's prediction).
+Attention and its symmetries
+    :mod:`~gaugebook.attention`   per-head attention: MHA, GQA, MQA, RoPE, gated RoPE
+    :mod:`~gaugebook.rope`        rotary position embedding
+    :mod:`~gaugebook.gauge`       the gauge group as objects acting on modules
+    :mod:`~gaugebook.redundancy`  Jacobian-rank redundancy and the theory's prediction
+    :mod:`~gaugebook.commutant`   commutants of matrix sets (the gauge that survives RoPE)
+    :mod:`~gaugebook.linalg`      random group elements of a chosen condition number
+Training and breaking
+    :mod:`~gaugebook.gpt`         a reduced GPT-2 whose attention keeps per-head weights
+    :mod:`~gaugebook.breaking`    the unlearned, batch-resampled query/value biases
+    :mod:`~gaugebook.mechanics`   Noether charges and gradient-flow invariants
+    :mod:`~gaugebook.optim`       Energy Conserving Descent and the baseline optimizers
+    :mod:`~gaugebook.data`        the default corpus, logic-puzzle probes, tiny Shakespeare
+    :mod:`~gaugebook.experiment`  presets, the trainer and the command-line runner
+Book helpers
+    :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
 """
 __version__ = "0.1.0"
