@@ -1,0 +1,195 @@
+r"""The gauge orbit through a point: its tangent vectors, dimension and stabiliser.
+
+For an attention layer with parameters ``theta``, the continuous gauge group acts per key/value
+group ``g`` (:mod:`gaugebook.gauge`). Differentiating each factor at the identity gives the
+tangent vectors of the orbit ``G . theta`` at ``theta``, one per Lie-algebra direction:
+
+* QK, ``X`` in the QK Lie algebra (all of ``gl(d_head)``; with RoPE the commutant of the
+  rotations): ``dW_Q[h] = W_Q[h] X``, ``db_Q[h] = b_Q[h] X`` for the query heads ``h`` of
+  group ``g``, ``dW_K[g] = -W_K[g] X^T``, ``db_K[g] = -b_K[g] X^T``;
+* VO, ``Y`` in ``gl(d_value)``: ``dW_V[g] = W_V[g] Y``, ``db_V[g] = b_V[g] Y``,
+  ``dW_O[h] = -Y W_O[h]``;
+* key-bias translation ``e_i``: ``db_K[g] = e_i`` (coordinates that RoPE leaves unrotated only);
+* value-bias translation ``e_i``: ``db_V[g] = e_i``, ``db_O = -sum_h e_i W_O[h]``.
+
+The tangent map ``T [n_params, n_lie]`` has these vectors as columns. Its rank is the orbit
+dimension; the rest of the Lie algebra, ``n_lie - rank``, is the Lie algebra of the stabiliser
+(group elements near the identity that fix ``theta``). The action is *free* near the identity
+exactly when the stabiliser dimension is 0. Head permutations are discrete and add no tangent
+vector. Chapters 4 and 10 of the book use these to compare the orbit with the fibre (the null
+space of the Jacobian, :mod:`gaugebook.redundancy`).
+
+The *balanced point* of an orbit is where the gradient-flow invariants of
+:mod:`gaugebook.mechanics` vanish: ``W~_Q^T W~_Q = W~_K^T W~_K`` and ``W~_V^T W~_V = W_O W_O^T``
+(summed over the query heads of a key/value group, biases as extra rows). Weight decay drives
+training towards it (chapter 11). For a pair of factors ``A -> A M``, ``B -> B M^{-T}`` with
+``Q_A = A^T A`` and ``Q_B = B^T B`` positive definite, balance means
+``M^T Q_A M = M^{-1} Q_B M^{-T}``. It holds for ``M = W^{1/2}``, where ``W`` is the unique
+positive definite solution of ``W Q_A W = Q_B`` (the matrix geometric mean of ``Q_A^{-1}`` and
+``Q_B``): ``W = Q_A^{-1/2} (Q_A^{1/2} Q_B Q_A^{1/2})^{1/2} Q_A^{-1/2}``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
+from gaugebook.linalg import DTYPE
+from gaugebook.mechanics import _weights
+
+__all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
+           "balancing_element"]
+
+
+def qk_lie_basis(m: MultiHeadAttention) -> torch.Tensor:
+    """A basis ``[n, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``.
+
+    Without RoPE all of ``gl(d_head)``. With RoPE, per rotation plane ``(i, i + r/2)`` the scaling
+    ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for gated RoPE, whose coordinate-wise
+    gates forbid rotations), and on the ``u = d_head - r`` unrotated coordinates all of ``gl(u)``
+    (its diagonal for gated RoPE).
+    """
+    if not isinstance(m, MultiHeadAttention):
+        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+    dk, r = m.d_head, m.rotary_dim
+    half, basis = r // 2, []
+
+    def unit(*entries):
+        E = torch.zeros(dk, dk, dtype=DTYPE)
+        for i, j, v in entries:
+            E[i, j] = v
+        return E
+
+    for i in range(half):
+        basis.append(unit((i, i, 1.0), (i + half, i + half, 1.0)))
+        if m.rope != "gated":
+            basis.append(unit((i, i + half, 1.0), (i + half, i, -1.0)))
+    rest = range(r, dk)
+    if m.rope == "gated":
+        basis += [unit((i, i, 1.0)) for i in rest]
+    else:
+        basis += [unit((i, j, 1.0)) for i in rest for j in rest]
+    return torch.stack(basis)
+
+
+def _key_translations(m: MultiHeadAttention) -> list[int]:
+    """Coordinates ``i`` of ``b_K`` whose translation is a symmetry: the softmax cancels
+    ``q . t`` only where ``t`` is not rotated (or gated) with the key position."""
+    if not m.has_bias or m.rope == "gated":
+        return []
+    return list(range(m.rotary_dim, m.d_head))
+
+
+def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
+    """The tangent map ``T [n_params, n_lie]`` of the continuous gauge action at ``m``'s weights.
+
+    Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
+    :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
+    key/value group, the QK basis of :func:`qk_lie_basis`, ``gl(d_value)`` (``E_ij`` in row-major
+    order), then key- and value-bias translations (with biases). Float64.
+    """
+    Bq = qk_lie_basis(m)  # (nq, dk, dk)
+    dv = m.d_value
+    Bv = torch.eye(dv * dv, dtype=DTYPE).reshape(-1, dv, dv)  # (dv^2, dv, dv)
+    P = {n: p.detach().to(DTYPE) for n, p in m.named_parameters()}
+    keys = _key_translations(m)
+    G = m.group_size
+    columns = []
+    for g in range(m.n_kv_heads):
+        heads = slice(g * G, (g + 1) * G)
+
+        def tangent(**deltas):
+            out = {n: torch.zeros_like(p) for n, p in P.items()}
+            for name, (index, value) in deltas.items():
+                out[name][index] = value
+            return torch.cat([out[n].reshape(-1) for n in P])
+
+        for X in Bq:
+            d = dict(W_Q=(heads, P["W_Q"][heads] @ X), W_K=(g, -P["W_K"][g] @ X.T))
+            if m.has_bias:
+                d.update(b_Q=(heads, P["b_Q"][heads] @ X), b_K=(g, -P["b_K"][g] @ X.T))
+            columns.append(tangent(**d))
+        for Y in Bv:
+            d = dict(W_V=(g, P["W_V"][g] @ Y), W_O=(heads, -Y @ P["W_O"][heads]))
+            if m.has_bias:
+                d.update(b_V=(g, P["b_V"][g] @ Y))
+            columns.append(tangent(**d))
+        for i in keys:
+            e = torch.zeros(m.d_head, dtype=DTYPE)
+            e[i] = 1.0
+            columns.append(tangent(b_K=(g, e)))
+        if m.has_bias:
+            for i in range(dv):
+                e = torch.zeros(dv, dtype=DTYPE)
+                e[i] = 1.0
+                columns.append(tangent(b_V=(g, e), b_O=(slice(None), -P["W_O"][heads, i].sum(0))))
+    return torch.stack(columns, dim=1)
+
+
+@dataclass(frozen=True)
+class OrbitDimension:
+    """Result of :func:`orbit_dimension`: ``orbit = lie - stabiliser``."""
+
+    lie: int  # dimension of the continuous gauge group (its Lie algebra)
+    orbit: int  # rank of the tangent map
+    stabiliser: int  # lie - orbit
+    singular_values: torch.Tensor  # of the tangent map, descending
+    gap: float  # last kept over first dropped singular value (inf when none is dropped)
+
+    @property
+    def free(self) -> bool:
+        """True when no one-parameter subgroup fixes the point (trivial stabiliser algebra)."""
+        return self.stabiliser == 0
+
+
+def orbit_dimension(m: MultiHeadAttention, *, rtol: float | None = None) -> OrbitDimension:
+    """Dimension of the orbit through ``m``'s weights: the numerical rank of
+    :func:`orbit_tangents` (zero when a singular value is at most ``rtol * s_max``, by default
+    ``rtol = max(T.shape) * eps_float64`` as in :func:`gaugebook.redundancy.redundancy`)."""
+    T = orbit_tangents(m)
+    s = torch.linalg.svdvals(T)
+    rtol = max(T.shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
+    rank = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    return OrbitDimension(T.shape[1], rank, T.shape[1] - rank, s, gap)
+
+
+def _sym_power(Q: torch.Tensor, power: float) -> torch.Tensor:
+    """``Q^power`` for symmetric positive definite ``Q [..., n, n]`` (eigendecomposition)."""
+    lam, U = torch.linalg.eigh(Q)
+    return U @ torch.diag_embed(lam**power) @ U.mT
+
+
+def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
+    """``M [n, k, k]`` with ``(A M)^T (A M) = (B M^{-T})^T (B M^{-T})`` for ``A [n, a, k]``,
+    ``B [n, b, k]`` of full column rank."""
+    QA, QB = A.mT @ A, B.mT @ B  # (n, k, k)
+    for name, Q in ((f"{what} (first factor)", QA), (f"{what} (second factor)", QB)):
+        lam = torch.linalg.eigvalsh(Q)  # (n, k), ascending
+        if (lam[..., 0] <= 1e-12 * lam[..., -1]).any():
+            raise ValueError(f"{name} is rank deficient: its orbit has no balanced point")
+    root, inv_root = _sym_power(QA, 0.5), _sym_power(QA, -0.5)
+    W = inv_root @ _sym_power(root @ QB @ root, 0.5) @ inv_root
+    return _sym_power((W + W.mT) / 2, 0.5)
+
+
+def balancing_element(m: MultiHeadAttention) -> GaugeElement:
+    """The gauge element that moves ``m`` to the balanced point of its orbit, where
+    :func:`gaugebook.mechanics.flow_invariants` vanish. Among all points of the orbit it has the
+    smallest ``|W~_Q|_F^2 + |W~_K|_F^2`` and ``|W~_V|_F^2 + |W_O|_F^2`` (for one head without
+    biases, twice the nuclear norms of ``W_Q W_K^T`` and ``W_V W_O``).
+
+    Needs full column rank factors (``d_head, d_value <= d_model``) and no RoPE (the RoPE
+    commutant cannot balance a general pair).
+    """
+    if not isinstance(m, MultiHeadAttention):
+        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+    if m.rope:
+        raise ValueError("balancing_element needs a layer without RoPE")
+    W = _weights(m)  # augmented and grouped per key/value head
+    M = _balancing_matrix(W["Q"], W["K"], "the query/key pair")
+    N = _balancing_matrix(W["V"], W["O"].mT, "the value/output pair")
+    return GaugeElement([QKTransform(M), VOTransform(N)])

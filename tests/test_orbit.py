@@ -1,0 +1,135 @@
+import pytest
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import (GaugeElement, KeyBiasShift, QKTransform, ValueBiasShift,
+                             VOTransform, invariance_error, random_element)
+from gaugebook.mechanics import flow_invariants
+from gaugebook.orbit import balancing_element, orbit_dimension, orbit_tangents, qk_lie_basis
+from gaugebook.redundancy import jacobian, predicted_redundancy
+
+DTYPE = torch.float64
+
+# (d_model, n_heads, d_head, kwargs, stabiliser dimension at generic weights)
+LAYERS = {
+    "mha": (6, 3, 4, dict(), 0),
+    "gqa-bias": (6, 4, 4, dict(n_kv_heads=2, bias=True), 0),
+    "rope-bias-gqa": (6, 4, 4, dict(rope=True, n_kv_heads=2, bias=True), 0),
+    "partial-rope-bias": (6, 3, 4, dict(rope=True, rotary_dim=2, bias=True), 0),
+    "gated-rope": (6, 3, 4, dict(rope="gated", bias=True), 0),
+    "wide-head": (3, 2, 5, dict(d_value=2), 2 * (5 - 3) ** 2),
+    "wide-value-bias": (3, 2, 2, dict(d_value=5, bias=True), 2 * (5 - 3) ** 2),
+}
+
+
+def layer(name, generator):
+    D, H, dk, kwargs, _ = LAYERS[name]
+    return MultiHeadAttention(D, H, dk, dtype=DTYPE, generator=generator, **kwargs)
+
+
+def flat(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def test_tangents_are_derivatives_of_the_library_action(generator):
+    m = MultiHeadAttention(5, 4, 3, n_kv_heads=2, bias=True, dtype=DTYPE, generator=generator)
+    T = orbit_tangents(m)
+    per_group = T.shape[1] // m.n_kv_heads  # 9 (QK) + 9 (VO) + 3 (b_K) + 3 (b_V)
+    assert per_group == 2 * 9 + 2 * 3
+    a = torch.randn(T.shape[1], generator=generator, dtype=DTYPE)
+    blocks = a.view(m.n_kv_heads, per_group)
+    X, Y = blocks[:, :9].reshape(-1, 3, 3), blocks[:, 9:18].reshape(-1, 3, 3)
+    t_K, t_V = blocks[:, 18:21], blocks[:, 21:]
+
+    def moved(s):  # the library's finite action along the Lie-algebra direction a
+        eye = torch.eye(3, dtype=DTYPE)
+        g = GaugeElement([QKTransform(eye + s * X), VOTransform(eye + s * Y),
+                          KeyBiasShift(s * t_K), ValueBiasShift(s * t_V)])
+        return flat(g.act(m))
+
+    s = 1e-5
+    finite_difference = (moved(s) - moved(-s)) / (2 * s)
+    error = (finite_difference - T @ a).abs().max() / (T @ a).abs().max()
+    assert error < 1e-8
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_orbit_is_in_the_jacobian_null_space(name, generator):
+    m = layer(name, generator)
+    x = torch.randn(4, 10, m.d_model, generator=generator, dtype=DTYPE)
+    J, T = jacobian(m, x), orbit_tangents(m)
+    assert T.shape[0] == J.shape[1] == sum(p.numel() for p in m.parameters())
+    assert (J @ T).norm() < 1e-12 * J.norm() * T.norm()
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_generic_orbit_dimension(name, generator):
+    m = layer(name, generator)
+    o = orbit_dimension(m)
+    assert o.stabiliser == LAYERS[name][-1]
+    assert o.orbit == o.lie - o.stabiliser == predicted_redundancy(m)
+    assert o.free == (o.stabiliser == 0) and o.gap > 1e8
+
+
+def test_rope_bases():
+    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope=True))) == 6
+    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope=True, rotary_dim=4))) == 4 + 2**2
+    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope="gated", rotary_dim=4))) == 2 + 2
+    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6))) == 36
+
+
+@pytest.mark.parametrize("r_Q, r_K", [(2, 4), (2, 3), (1, 1), (0, 2)])
+def test_stabiliser_of_rank_deficient_qk_pair(r_Q, r_K, generator):
+    # X fixes (W_Q, W_K) iff W_Q X = 0 and X W_K^T = 0: (d_k - r_Q)(d_k - r_K) dimensions
+    D, dk = 8, 4
+    m = MultiHeadAttention(D, 1, dk, dtype=DTYPE, generator=generator)
+    with torch.no_grad():
+        for W, r in ((m.W_Q, r_Q), (m.W_K, r_K)):
+            W[0] = torch.randn(D, r, generator=generator, dtype=DTYPE) @ \
+                torch.randn(r, dk, generator=generator, dtype=DTYPE)
+    assert orbit_dimension(m).stabiliser == (dk - r_Q) * (dk - r_K)
+
+
+def test_rejects_other_modules():
+    with pytest.raises(TypeError, match="MultiHeadAttention"):
+        orbit_tangents(torch.nn.Linear(3, 3))
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(bias=True), dict(n_kv_heads=2, bias=True),
+                                    dict(d_value=3)])
+def test_balancing_element_reaches_the_balanced_point(kwargs, generator):
+    m = MultiHeadAttention(8, 4, 4, dtype=DTYPE, generator=generator, **kwargs)
+    m = random_element(m, cond=30.0, generator=generator).act(m)  # far from balance
+    g = balancing_element(m)
+    balanced = g.act(m)
+    x = torch.randn(2, 6, 8, generator=generator, dtype=DTYPE)
+    assert invariance_error(g, m, x) < 1e-12
+    before, after = flow_invariants(m)[""], flow_invariants(balanced)[""]
+    assert before.qk_norm.min() > 1.0 and before.vo_norm.min() > 1.0
+    for C0, C in ((before.qk_norm, after.qk_norm), (before.vo_norm, after.vo_norm)):
+        assert (C < 1e-12 * C0).all()
+
+
+def test_balanced_point_minimises_the_weight_norm(generator):
+    # for one head without biases: min over the orbit of |W_Q|^2 + |W_K|^2 is 2 |W_Q W_K^T|_*
+    m = MultiHeadAttention(8, 2, 3, dtype=DTYPE, generator=generator)
+    balanced = balancing_element(m).act(m)
+
+    def sq_norm(m):
+        return (m.W_Q.detach() ** 2).sum((1, 2)) + (m.W_K.detach() ** 2).sum((1, 2))
+
+    nuclear = torch.linalg.matrix_norm(m.W_Q.detach() @ m.W_K.detach().mT, ord="nuc")
+    assert torch.allclose(sq_norm(balanced), 2 * nuclear, rtol=1e-12)
+    for seed in range(5):
+        other = random_element(balanced, cond=3.0,
+                               generator=torch.Generator().manual_seed(seed)).act(balanced)
+        # compare head by head: the random element may relabel heads
+        assert sq_norm(other).sort().values.ge(sq_norm(balanced).sort().values - 1e-12).all()
+
+
+def test_balancing_rejects_rope_and_rank_deficiency(generator):
+    with pytest.raises(ValueError, match="RoPE"):
+        balancing_element(MultiHeadAttention(8, 2, 4, rope=True))
+    wide = MultiHeadAttention(3, 1, 5, dtype=DTYPE, generator=generator)  # d_head > d_model
+    with pytest.raises(ValueError, match="rank deficient"):
+        balancing_element(wide)
