@@ -14,6 +14,8 @@ Training and breaking
     :mod:`~gaugebook.optim`       Energy Conserving Descent and the baseline optimizers
     :mod:`~gaugebook.data`        the default corpus, logic-puzzle probes, tiny Shakespeare
     :mod:`~gaugebook.experiment`  presets, the trainer and the command-line runner
+    :mod:`~gaugebook.results`     loading and comparing result files at equal steps
+    :mod:`~gaugebook.interpret`   the query-offset factor and key alignment by token category
 Book helpers
     :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
 """

@@ -254,9 +254,10 @@ def _evaluate(model, corpus, cfg, device, autocast) -> float:
 
 
 def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
-          position: int = 0, stop_after: int | None = None) -> dict | None:
+          position: int = 0, stop_after: int | None = None, progress: bool = True) -> dict | None:
     """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
-    by ``stop_after``, which simulates an interruption in tests)."""
+    by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
+    progress bar."""
     device = torch.device(device)
     rank, world = _rank_world()
     out.mkdir(parents=True, exist_ok=True)
@@ -302,7 +303,7 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     local = cfg.batch_size // world
     start = time.perf_counter() - elapsed
     bar = tqdm(total=cfg.steps, initial=step, desc=cfg.name, position=position, leave=position == 0,
-               disable=rank != 0, dynamic_ncols=True)
+               disable=rank != 0 or not progress, dynamic_ncols=True)
     truncated = False
     while step < cfg.steps:
         x, y = corpus.batch(step, cfg.batch_size, cfg.block_size, split="train", device=device)[:2]
@@ -385,9 +386,18 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes held in tensors of the optimizer's per-parameter state."""
-    return sum(v.numel() * v.element_size() for state in optimizer.state.values()
-               for v in state.values() if torch.is_tensor(v) and v.ndim > 0)
+    """Bytes held in tensors of the optimizer's per-parameter state, including tensors kept in
+    lists or dicts (SOAP's preconditioners); scalar step counters are not counted."""
+    def size(value) -> int:
+        if torch.is_tensor(value):
+            return value.numel() * value.element_size() if value.ndim > 0 else 0
+        if isinstance(value, (list, tuple)):
+            return sum(size(v) for v in value)
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        return 0
+
+    return sum(size(state) for state in optimizer.state.values())
 
 
 # ----------------------------------------------------------------------------- orchestration

@@ -114,3 +114,13 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
     with pytest.raises(TypeError):
         write_json_atomic(path, {"a": object()})  # not serialisable: the old file survives
     assert json.loads(path.read_text()) == {"a": 1}
+
+
+def test_state_bytes_count_tensors_held_in_lists():
+    from gaugebook.experiment import optimizer_state_bytes
+
+    p = torch.nn.Parameter(torch.zeros(3, 4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    opt.state[p] = {"step": torch.tensor(3.0), "pre": [torch.zeros(3, 3), torch.zeros(4, 4)],
+                    "m": torch.zeros(3, 4)}
+    assert optimizer_state_bytes(opt) == 4 * (9 + 16 + 12)

@@ -1,0 +1,293 @@
+"""Training results on disk: load a results folder, compare runs at equal steps, tabulate.
+
+:func:`gaugebook.experiment.train` writes one JSON file per run. Runs of one grid rarely reach
+the same step: a wall-clock budget (``max_wall_s``) stops each after a different number of steps,
+and a final loss taken at step 1200 for one optimizer and 1500 for another compares training
+lengths, not optimizers. The functions here therefore compare histories at steps that every
+compared run recorded (:func:`common_steps`, :func:`values_at`, :func:`breaking_effects`).
+
+Typical use (chapter 17)::
+
+    runs = load_runs("results/gpu/seed0")
+    ecd = select(runs, optimizer="ecd", activation="prelu")
+    effects = breaking_effects(runs)          # broken minus symmetric, at equal steps
+    display(effects_table(effects))           # an HTML table in a notebook
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
+           "seed_summary", "provenance_summary", "Table", "effects_table"]
+
+REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes",
+            "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
+            "provenance")
+HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
+
+
+def find_results(relative: str | Path, *, extra_roots=()) -> Path:
+    """The folder ``relative`` (e.g. ``"results/gpu/seed0"``) under the current directory or one
+    of its parents, under the folder that holds the ``gaugebook`` package (a clone), or under
+    one of ``extra_roots``. The recorded results belong to the repository, not to the installed
+    package: outside a clone, clone the repository and pass its path in ``extra_roots``."""
+    here = Path.cwd().resolve()
+    roots = [here, *here.parents, Path(__file__).resolve().parent.parent,
+             *map(Path, extra_roots)]
+    for root in roots:
+        if (root / relative).is_dir():
+            return root / relative
+    raise FileNotFoundError(
+        f"no folder {relative} under {here}, its parents or {[str(r) for r in extra_roots]}: "
+        "the results are part of the repository (git clone "
+        "https://github.com/gaugebook/gaugebook) and not of the installed package")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run as :func:`gaugebook.experiment.train` recorded it.
+
+    ``history`` maps ``"step"``, ``"train_loss"``, ``"val_loss"``, ``"J_QK"``, ``"J_VO"`` and
+    ``"wall_s"`` to equally long lists (one entry per evaluation); ``data`` is the whole JSON
+    record (probes, memory, provenance, ...).
+    """
+
+    name: str
+    optimizer: str
+    symmetry: str
+    activation: str
+    seed: int
+    history: dict
+    data: dict
+    path: Path | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict, path: Path | None = None) -> "Run":
+        """Validate a result record (as written by ``train``) and wrap it."""
+        where = f" in {path}" if path else ""
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise ValueError(f"result record{where} lacks the keys {missing}")
+        history = data["history"]
+        absent = [k for k in HISTORY_KEYS if k not in history]
+        if absent:
+            raise ValueError(f"history{where} lacks the keys {absent}")
+        lengths = {k: len(history[k]) for k in HISTORY_KEYS}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"history lists{where} differ in length: {lengths}")
+        steps = history["step"]
+        if any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"history steps{where} are not increasing: {steps}")
+        config = data["config"]
+        return cls(name=data["name"], optimizer=config["optimizer"], symmetry=config["symmetry"],
+                   activation=config["activation"], seed=int(config["seed"]),
+                   history=history, data=data, path=path)
+
+    def __getitem__(self, key: str):
+        """``run["tokens_per_s"]`` etc.: a field of the JSON record."""
+        return self.data[key]
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps at which the history was recorded."""
+        return list(self.history["step"])
+
+    @property
+    def last_step(self) -> int | None:
+        return self.history["step"][-1] if self.history["step"] else None
+
+    def at(self, step: int, key: str = "val_loss") -> float:
+        """The recorded ``history[key]`` at ``step`` (no interpolation: the step must be one
+        that the run recorded)."""
+        if key not in self.history or key == "step":
+            raise ValueError(f"unknown history key {key!r}; valid keys: {list(HISTORY_KEYS[1:])}")
+        try:
+            i = self.history["step"].index(step)
+        except ValueError:
+            raise ValueError(f"{self.name} has no record at step {step}; recorded steps: "
+                             f"{self.steps}") from None
+        return float(self.history[key][i])
+
+    def curve(self, key: str = "val_loss") -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, values)`` of a history entry, as arrays for plotting."""
+        if key not in self.history or key == "step":
+            raise ValueError(f"unknown history key {key!r}; valid keys: {list(HISTORY_KEYS[1:])}")
+        return np.asarray(self.history["step"]), np.asarray(self.history[key], dtype=float)
+
+
+def load_runs(folder: str | Path) -> list[Run]:
+    """Every run result ``<folder>/*.json``, sorted by name.
+
+    Raises ``FileNotFoundError`` for a missing folder, ``ValueError`` for a folder without
+    results, for failed runs (``*.error.json``, listed by name) and for malformed records.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no results folder {folder}")
+    failed = sorted(p.name for p in folder.glob("*.error.json"))
+    if failed:
+        raise ValueError(f"{folder} holds failed runs: {failed}")
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise ValueError(f"{folder} holds no result files (*.json)")
+    runs = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+        runs.append(Run.from_dict(data, path))
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{folder} holds two results with the same run name")
+    return sorted(runs, key=lambda r: r.name)
+
+
+def select(runs: list[Run], **criteria) -> list[Run]:
+    """The runs whose ``optimizer``, ``symmetry``, ``activation`` or ``seed`` match; a criterion
+    may be one value or a tuple/list/set of accepted values."""
+    valid = {"optimizer", "symmetry", "activation", "seed"}
+    unknown = sorted(set(criteria) - valid)
+    if unknown:
+        raise ValueError(f"unknown selection key(s) {unknown}; valid: {sorted(valid)}")
+
+    def accepts(run: Run) -> bool:
+        for key, want in criteria.items():
+            values = want if isinstance(want, (tuple, list, set, frozenset)) else (want,)
+            if getattr(run, key) not in values:
+                return False
+        return True
+
+    return [r for r in runs if accepts(r)]
+
+
+def common_steps(runs: list[Run]) -> list[int]:
+    """The steps recorded by every run, ascending."""
+    if not runs:
+        raise ValueError("no runs given")
+    shared = set(runs[0].steps)
+    for run in runs[1:]:
+        shared &= set(run.steps)
+    return sorted(shared)
+
+
+def values_at(runs: list[Run], step: int | None = None, key: str = "val_loss") -> dict[str, float]:
+    """``{run name: history[key] at step}``; ``step=None`` takes the largest step that every
+    run recorded (ValueError when there is none)."""
+    if step is None:
+        shared = common_steps(runs)
+        if not shared:
+            raise ValueError("the runs share no recorded step: " +
+                             ", ".join(f"{r.name} {r.steps}" for r in runs))
+        step = shared[-1]
+    return {r.name: r.at(step, key) for r in runs}
+
+
+def breaking_effects(runs: list[Run], key: str = "val_loss", *, baseline: str = "symmetric",
+                     step: int | None = None) -> list[dict]:
+    """Effect of symmetry breaking at equal steps: for every run whose symmetry is not
+    ``baseline``, the difference ``broken - baseline`` of ``history[key]`` against the baseline
+    run with the same optimizer, activation and seed.
+
+    ``step=None`` uses, for each pair, the largest step both runs recorded. Returns records
+    ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}``, sorted;
+    broken runs without a baseline partner are left out.
+    """
+    partners = {(r.optimizer, r.activation, r.seed): r for r in runs if r.symmetry == baseline}
+    out = []
+    for run in runs:
+        partner = partners.get((run.optimizer, run.activation, run.seed))
+        if run.symmetry == baseline or partner is None:
+            continue
+        if step is None:
+            shared = common_steps([run, partner])
+            if not shared:
+                raise ValueError(f"{run.name} and {partner.name} share no recorded step")
+            at = shared[-1]
+        else:
+            at = step
+        value, base = run.at(at, key), partner.at(at, key)
+        out.append(dict(optimizer=run.optimizer, activation=run.activation, seed=run.seed,
+                        symmetry=run.symmetry, step=at, baseline_value=base, value=value,
+                        delta=value - base))
+    return sorted(out, key=lambda d: (d["optimizer"], d["activation"], d["symmetry"], d["seed"]))
+
+
+def seed_summary(records: list[dict], by=("optimizer", "activation", "symmetry"),
+                 value: str = "delta") -> list[dict]:
+    """Group records (e.g. from :func:`breaking_effects`) over seeds: ``n_seeds``, ``mean`` and
+    the sample standard deviation ``std`` (``None`` with a single seed: one seed does not
+    estimate a spread)."""
+    groups: dict[tuple, list[float]] = {}
+    for record in records:
+        groups.setdefault(tuple(record[k] for k in by), []).append(float(record[value]))
+    out = []
+    for key, values in sorted(groups.items()):
+        n = len(values)
+        out.append({**dict(zip(by, key)), "n_seeds": n, "mean": float(np.mean(values)),
+                    "std": float(np.std(values, ddof=1)) if n > 1 else None})
+    return out
+
+
+def provenance_summary(runs: list[Run]) -> dict[str, list]:
+    """Each provenance field with the sorted distinct values it takes over ``runs`` (one value
+    per field when the runs come from one machine and one commit)."""
+    fields: dict[str, set] = {}
+    for run in runs:
+        for k, v in run["provenance"].items():
+            fields.setdefault(k, set()).add(v)
+    return {k: sorted(v, key=str) for k, v in fields.items()}
+
+
+class Table:
+    """A small HTML table (no pandas needed) that notebooks display as HTML.
+
+    ``rows`` are lists of cells; floats are printed with ``float_format`` (``None`` as an en
+    dash); every cell is HTML-escaped unless it is an instance of :class:`Table.Raw`.
+    """
+
+    class Raw(str):
+        """A cell whose text is HTML already (e.g. ``Table.Raw("d<sub>k</sub>")``)."""
+
+    def __init__(self, header: list[str], rows: list[list], *, caption: str | None = None,
+                 float_format: str = "{:.3f}"):
+        widths = {len(row) for row in rows}
+        if widths - {len(header)}:
+            raise ValueError(f"the header has {len(header)} columns, rows have {sorted(widths)}")
+        self.header, self.rows, self.caption = list(header), [list(r) for r in rows], caption
+        self.float_format = float_format
+
+    def _cell(self, value) -> str:
+        if isinstance(value, Table.Raw):
+            return str(value)
+        if value is None:
+            return "&ndash;"
+        if isinstance(value, float):
+            return "n/a" if math.isnan(value) else html.escape(self.float_format.format(value))
+        return html.escape(str(value))
+
+    def to_html(self) -> str:
+        style = 'style="padding: 2px 10px; border-bottom: 1px solid #ccc; text-align: left"'
+        head = "".join(f"<th {style}>{self._cell(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td {style}>{self._cell(c)}</td>" for c in row)
+                       + "</tr>" for row in self.rows)
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return (f'<table style="border-collapse: collapse">{caption}<thead><tr>{head}</tr>'
+                f"</thead><tbody>{body}</tbody></table>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def effects_table(effects: list[dict], *, caption: str | None = None) -> Table:
+    """:func:`breaking_effects` as a :class:`Table` (one row per broken run)."""
+    rows = [[e["optimizer"], e["activation"], e["symmetry"], e["seed"], e["step"],
+             e["baseline_value"], e["value"], f"{e['delta']:+.3f}"] for e in effects]
+    return Table(["optimizer", "activation", "breaking", "seed", "step", "symmetric", "broken",
+                  "Δ (broken − symmetric)"], rows, caption=caption)

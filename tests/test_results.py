@@ -1,0 +1,167 @@
+"""Loading result folders, comparisons at equal steps, and the HTML tables."""
+import json
+import math
+
+import pytest
+
+from gaugebook.experiment import RunConfig, train
+from gaugebook.results import Run, Table, breaking_effects, common_steps, effects_table, \
+    find_results, load_runs, provenance_summary, seed_summary, select, values_at
+
+
+def record(optimizer, symmetry, steps, *, activation="prelu", seed=0, offset=0.0):
+    """A result record shaped like ``train``'s, with val_loss = 5 - step/1000 + offset."""
+    val = [5 - s / 1000 + offset for s in steps]
+    return {
+        "name": f"{optimizer}-{symmetry}-{activation}-s{seed}",
+        "config": {"optimizer": optimizer, "symmetry": symmetry, "activation": activation,
+                   "seed": seed},
+        "steps_done": steps[-1] if steps else 0, "truncated": True,
+        "history": {"step": list(steps), "train_loss": val, "val_loss": val,
+                    "J_QK": [0.1] * len(steps), "J_VO": [0.2] * len(steps),
+                    "wall_s": [s / 10 for s in steps]},
+        "final_val_loss": val[-1] if val else None, "probes": {"mean": {"top1": 0.5}},
+        "optimizer_state_bytes": 8, "n_params": 2, "wall_s": 1.0, "tokens": 10,
+        "tokens_per_s": 10.0, "provenance": {"git_commit": "abc", "device": "cpu"},
+    }
+
+
+def write(folder, *records):
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in records:
+        (folder / f"{r['name']}.json").write_text(json.dumps(r))
+    return folder
+
+
+@pytest.fixture
+def grid(tmp_path):
+    return write(tmp_path / "grid",
+                 record("ecd", "symmetric", [100, 200, 300]),
+                 record("ecd", "bqv", [100, 200], offset=-0.3),
+                 record("adamw", "symmetric", [100, 200, 300, 400]),
+                 record("adamw", "bq", [100, 200, 300, 400], offset=0.05),
+                 record("sgdm", "bqv", [100]))  # no symmetric partner
+
+
+def test_load_sorts_and_reads_fields(grid):
+    runs = load_runs(grid)
+    assert [r.name for r in runs] == sorted(r.name for r in runs)
+    ecd = select(runs, optimizer="ecd", symmetry="bqv")[0]
+    assert (ecd.optimizer, ecd.symmetry, ecd.activation, ecd.seed) == ("ecd", "bqv", "prelu", 0)
+    assert ecd.at(200) == pytest.approx(5 - 0.2 - 0.3)
+    assert ecd["tokens_per_s"] == 10.0 and ecd.last_step == 200
+    steps, values = ecd.curve("J_QK")
+    assert list(steps) == [100, 200] and list(values) == [0.1, 0.1]
+    with pytest.raises(ValueError, match="recorded steps"):
+        ecd.at(300)
+    with pytest.raises(ValueError, match="unknown history key"):
+        ecd.at(100, "loss")
+
+
+def test_select_accepts_several_values(grid):
+    runs = load_runs(grid)
+    assert len(select(runs, optimizer=("ecd", "adamw"))) == 4
+    assert len(select(runs, optimizer="ecd", symmetry={"bqv"})) == 1
+    with pytest.raises(ValueError, match="unknown selection key"):
+        select(runs, lr=1)
+
+
+def test_equal_steps(grid):
+    runs = load_runs(grid)
+    ecd_adamw = select(runs, optimizer=("ecd", "adamw"))
+    assert common_steps(ecd_adamw) == [100, 200]
+    values = values_at(ecd_adamw)  # the largest shared step: 200
+    assert values["ecd-bqv-prelu-s0"] == pytest.approx(4.5)
+    assert values["adamw-symmetric-prelu-s0"] == pytest.approx(4.8)
+    assert values_at(ecd_adamw, step=100)["ecd-bqv-prelu-s0"] == pytest.approx(4.6)
+    with pytest.raises(ValueError, match="share no recorded step"):
+        values_at(select(runs, optimizer="sgdm") + [Run.from_dict(record("x", "bq", [50]))])
+
+
+def test_breaking_effects_pair_runs_at_their_largest_shared_step(grid):
+    effects = breaking_effects(load_runs(grid))
+    by_optimizer = {e["optimizer"]: e for e in effects}
+    assert set(by_optimizer) == {"ecd", "adamw"}  # sgdm has no symmetric partner
+    assert by_optimizer["ecd"]["step"] == 200 and by_optimizer["adamw"]["step"] == 400
+    assert by_optimizer["ecd"]["delta"] == pytest.approx(-0.3)
+    assert by_optimizer["adamw"]["delta"] == pytest.approx(0.05)
+    fixed = breaking_effects(load_runs(grid), step=100)
+    assert all(e["step"] == 100 for e in fixed)
+
+
+def test_seed_summary_has_no_spread_for_one_seed(tmp_path):
+    folder = write(tmp_path / "seeds",
+                   record("ecd", "symmetric", [100], seed=0), record("ecd", "bqv", [100], seed=0,
+                                                                    offset=-0.2),
+                   record("ecd", "symmetric", [100], seed=1), record("ecd", "bqv", [100], seed=1,
+                                                                    offset=-0.4))
+    effects = breaking_effects(load_runs(folder))
+    assert sorted(e["delta"] for e in effects) == pytest.approx([-0.4, -0.2])
+    (both,) = seed_summary(effects)
+    assert both["n_seeds"] == 2 and both["mean"] == pytest.approx(-0.3)
+    assert both["std"] == pytest.approx(math.sqrt(2 * 0.1**2))  # sample std, ddof = 1
+    (single,) = seed_summary(effects[:1])
+    assert single["std"] is None and single["n_seeds"] == 1
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_runs(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no result files"):
+        load_runs(tmp_path / "empty")
+    bad = write(tmp_path / "bad", record("ecd", "bqv", [1, 2]))
+    (bad / "ecd-bqv-prelu-s0.error.json").write_text("{}")
+    with pytest.raises(ValueError, match="failed runs"):
+        load_runs(bad)
+    broken = record("ecd", "bqv", [1, 2])
+    broken["history"]["val_loss"] = [1.0]
+    with pytest.raises(ValueError, match="differ in length"):
+        Run.from_dict(broken)
+    del broken["probes"]
+    with pytest.raises(ValueError, match="lacks the keys"):
+        Run.from_dict(broken)
+    unordered = record("ecd", "bqv", [2, 1])
+    with pytest.raises(ValueError, match="not increasing"):
+        Run.from_dict(unordered)
+
+
+def test_table_html_escapes_and_formats():
+    table = Table(["a<b", "x"], [[1.23456, None], [Table.Raw("d<sub>k</sub>"), "<i>"]],
+                  caption="c&d")
+    text = table.to_html()
+    assert "a&lt;b" in text and "1.235" in text and "&ndash;" in text
+    assert "d<sub>k</sub>" in text and "&lt;i&gt;" in text and "c&amp;d" in text
+    assert table._repr_html_() == text
+    with pytest.raises(ValueError, match="columns"):
+        Table(["a"], [[1, 2]])
+
+
+def test_effects_table_and_provenance(grid):
+    runs = load_runs(grid)
+    table = effects_table(breaking_effects(runs))
+    assert len(table.rows) == 2 and "-0.300" in table.to_html()
+    assert provenance_summary(runs) == {"git_commit": ["abc"], "device": ["cpu"]}
+
+
+def test_reads_what_train_writes(tmp_path):
+    cfg = RunConfig(optimizer="adamw", symmetry="bqv", steps=4, eval_every=2, eval_batches=1,
+                    probe_instances=2, batch_size=2, block_size=32, n_embd=16,
+                    optimizer_hp={"lr": 1e-3})
+    train(cfg, tmp_path)
+    (run,) = load_runs(tmp_path)
+    assert run.name == cfg.name and run.steps == [2, 4]
+    assert values_at([run])[run.name] == run["final_val_loss"]
+
+
+def test_find_results_searches_parents_and_extra_roots(tmp_path, monkeypatch):
+    target = tmp_path / "repo" / "results" / "gpu" / "seed9"
+    target.mkdir(parents=True)
+    inner = tmp_path / "repo" / "book"
+    inner.mkdir()
+    monkeypatch.chdir(inner)
+    assert find_results("results/gpu/seed9") == target.resolve()
+    monkeypatch.chdir(tmp_path)
+    assert find_results("results/gpu/seed9", extra_roots=[tmp_path / "repo"]) == target
+    with pytest.raises(FileNotFoundError, match="git clone"):
+        find_results("results/gpu/seed8")
