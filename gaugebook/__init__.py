@@ -16,6 +16,7 @@ Training and breaking
     :mod:`~gaugebook.experiment`  presets, the trainer and the command-line runner
     :mod:`~gaugebook.results`     loading and comparing result files at equal steps
     :mod:`~gaugebook.interpret`   the query-offset factor and key alignment by token category
+    :mod:`~gaugebook.moe`         a top-k mixture-of-experts layer and its symmetries
 Book helpers
     :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
 """

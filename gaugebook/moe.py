@@ -1,0 +1,285 @@
+r"""A top-k mixture-of-experts MLP layer and its parameter symmetries (chapter 8).
+
+For a token ``x [D]`` the router scores the ``E`` experts and keeps the ``k`` most probable::
+
+    l = x W_r + b_r                      # [E] router logits (b_r optional)
+    p = softmax(l)                       # [E] router probabilities
+    S = top-k(p)                         # the k chosen experts, most probable first
+    w_j = p_j / sum_{i in S} p_i         # j in S: gate weights, renormalised over the k chosen
+    y = sum_{j in S} w_j E_j(x),   E_j(x) = act(x W_in[j] + b_in[j]) W_out[j] + b_out[j]
+
+Renormalising makes ``w`` the softmax of the chosen logits alone (as in Mixtral). With
+``renormalize=False`` the gates are the raw probabilities ``w_j = p_j``, the Switch Transformer's
+convention (Fedus et al. 2022); with ``k = 1`` it is the only one under which the router gets a
+gradient from the output, because renormalised top-1 weights are always 1.
+
+The load-balancing loss of Fedus et al. (2022), for ``N`` tokens, extended to ``k`` choices::
+
+    f_e = (number of tokens whose k choices include e) / (N k)      # fraction of assignments
+    P_e = (1/N) sum_x p_e(x)                                         # mean router probability
+    L_aux = E sum_e f_e P_e                                          # 1 when perfectly balanced
+
+Symmetries (each returns a transformed copy and leaves its input alone):
+
+* :func:`permute_experts`: relabel experts, moving the router's columns with them (``E!``).
+* :func:`shift_router`: ``W_r -> W_r + c 1^T``, ``b_r -> b_r + s 1``; every logit of a token moves
+  by the same ``x.c + s``, which the softmax, the top-k choice and the gates ignore.
+* :func:`rescale_hidden` (ReLU experts): ``W_in[e][:, j] -> a W_in[e][:, j]``,
+  ``b_in[e][j] -> a b_in[e][j]``, ``W_out[e][j] -> W_out[e][j] / a`` for ``a > 0``, because
+  ``relu(a z) = a relu(z)``.
+* :func:`permute_hidden`: relabel the hidden units inside each expert.
+
+Experts are evaluated densely (every expert on every token, then the chosen ones gathered): exact,
+simple, differentiable by ``torch.func``, and fast enough at the book's sizes; it is not a
+production dispatch kernel. Ties between the k-th and (k+1)-th probability, which happen with
+probability zero for generic inputs, are broken by ``torch.topk``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gaugebook.redundancy import predicted_redundancy
+
+__all__ = ["MoE", "MoEOutput", "ACTIVATIONS", "load_balancing_loss", "permute_experts",
+           "shift_router", "rescale_hidden", "permute_hidden"]
+
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+
+
+class MoEOutput(NamedTuple):
+    """What :meth:`MoE.forward` returns; ``output`` comes first, so that tools which take the first
+    element of a tuple (``invariance_error``, ``redundancy``) see the layer's output."""
+
+    output: torch.Tensor  # [..., D]
+    indices: torch.Tensor  # [..., k] chosen experts, most probable first
+    weights: torch.Tensor  # [..., k] their gates
+    probs: torch.Tensor  # [..., E] router probabilities
+    aux_loss: torch.Tensor  # [] load-balancing loss over all tokens of the call
+
+
+def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``E sum_e f_e P_e`` from router probabilities ``[..., E]`` and choices ``[..., k]``.
+
+    ``f_e`` (fraction of the ``N k`` assignments that go to expert ``e``) is piecewise constant
+    in the parameters and carries no gradient; ``P_e`` (mean probability) does. The value is 1
+    when both are uniform and at most ``E`` (all tokens sent to one expert that takes all the
+    probability).
+    """
+    E, k = probs.shape[-1], indices.shape[-1]
+    if indices.shape[:-1] != probs.shape[:-1]:
+        raise ValueError(f"indices {tuple(indices.shape)} do not match probs {tuple(probs.shape)}")
+    if k > E:
+        raise ValueError(f"{k} choices per token, but only {E} experts")
+    p = probs.reshape(-1, E)  # (N, E)
+    counts = F.one_hot(indices.reshape(-1, k), E).sum(dim=(0, 1)).to(p.dtype)  # (E,)
+    f = counts / counts.sum()
+    return E * (f * p.mean(dim=0)).sum()
+
+
+class MoE(nn.Module):
+    """Top-k mixture of ``n_experts`` two-layer MLP experts ``D -> d_hidden -> D``.
+
+    Args:
+        d_model: token width ``D``.
+        n_experts: number of experts ``E``.
+        d_hidden: hidden width of each expert.
+        k: experts per token, ``1 <= k <= E``.
+        activation: ``"gelu"`` (exact, erf form) or ``"relu"``.
+        router_bias: add a learned router bias ``b_r [E]``.
+        renormalize: gates renormalised over the k chosen experts (default) or the raw
+            probabilities (Switch Transformer).
+
+    Parameters: ``W_r [D, E]`` (``b_r [E]``), ``W_in [E, D, d_hidden]``, ``b_in [E, d_hidden]``,
+    ``W_out [E, d_hidden, D]``, ``b_out [E, D]``.
+    """
+
+    def __init__(self, d_model: int, n_experts: int, d_hidden: int, k: int, *,
+                 activation: str = "gelu", router_bias: bool = False, renormalize: bool = True,
+                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None):
+        super().__init__()
+        for name, value in dict(d_model=d_model, n_experts=n_experts, d_hidden=d_hidden,
+                                k=k).items():
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if k > n_experts:
+            raise ValueError(f"k={k} experts per token, but there are only n_experts={n_experts}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+        for name, value in dict(router_bias=router_bias, renormalize=renormalize).items():
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        self.d_model, self.n_experts, self.d_hidden, self.k = d_model, n_experts, d_hidden, k
+        self.activation, self.renormalize = activation, renormalize
+
+        def weight(*shape):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype))
+
+        self.W_r = weight(d_model, n_experts)
+        self.b_r = weight(n_experts) if router_bias else None
+        self.W_in = weight(n_experts, d_model, d_hidden)
+        self.b_in = weight(n_experts, d_hidden)
+        self.W_out = weight(n_experts, d_hidden, d_model)
+        self.b_out = weight(n_experts, d_model)
+        self.reset_parameters(generator)
+
+    @property
+    def has_router_bias(self) -> bool:
+        return self.b_r is not None
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Gaussian weights with variance 1/fan_in, biases uniform in +-1/sqrt(fan_in), as in
+        :class:`~gaugebook.attention.MultiHeadAttention`: generic, with no accidental zeros."""
+        fan_in = {"W_r": self.d_model, "b_r": self.d_model, "W_in": self.d_model,
+                  "b_in": self.d_model, "W_out": self.d_hidden, "b_out": self.d_hidden}
+        for name, param in self.named_parameters():
+            scale = 1 / math.sqrt(fan_in[name])
+            if name.startswith("W_"):
+                value = torch.randn(param.shape, generator=generator, dtype=torch.float64) * scale
+            else:
+                u = torch.rand(param.shape, generator=generator, dtype=torch.float64)
+                value = (2 * u - 1) * scale
+            param.copy_(value)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_experts={self.n_experts}, d_hidden={self.d_hidden}, "
+                f"k={self.k}, activation={self.activation!r}, "
+                f"router_bias={self.has_router_bias}, renormalize={self.renormalize}")
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., D] -> l [..., E]``."""
+        if x.ndim < 1 or x.shape[-1] != self.d_model:
+            raise ValueError(f"expected input of shape [..., d_model={self.d_model}], "
+                             f"got {tuple(x.shape)}")
+        logits = x @ self.W_r  # (..., E)
+        return logits + self.b_r if self.has_router_bias else logits
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chosen experts ``[..., k]``, their gates ``[..., k]``, probabilities ``[..., E]``."""
+        probs = self.router_logits(x).softmax(dim=-1)  # (..., E)
+        top, indices = probs.topk(self.k, dim=-1)  # (..., k), most probable first
+        weights = top / top.sum(dim=-1, keepdim=True) if self.renormalize else top
+        return indices, weights, probs
+
+    def experts(self, x: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token: ``x [N, D] -> [N, E, D]``."""
+        hidden = torch.einsum("nd,edh->neh", x, self.W_in) + self.b_in  # (N, E, Dh)
+        hidden = ACTIVATIONS[self.activation](hidden)
+        return torch.einsum("neh,ehd->ned", hidden, self.W_out) + self.b_out  # (N, E, D)
+
+    def forward(self, x: torch.Tensor) -> MoEOutput:
+        """``x [..., D]`` -> :class:`MoEOutput` (output ``[..., D]``)."""
+        indices, weights, probs = self.route(x)
+        flat = x.reshape(-1, self.d_model)  # (N, D)
+        chosen = self.experts(flat).gather(  # (N, k, D)
+            1, indices.reshape(-1, self.k, 1).expand(-1, -1, self.d_model))
+        out = (weights.reshape(-1, self.k, 1) * chosen).sum(dim=1)  # (N, D)
+        return MoEOutput(out.view(x.shape), indices, weights, probs,
+                         load_balancing_loss(probs, indices))
+
+
+@predicted_redundancy.register
+def _(m: MoE) -> int:
+    """Redundant directions of the layer's output at generic weights and inputs (every expert
+    chosen by enough tokens, no token at a tie):
+
+    * router: the shift ``c [D]`` (plus ``s`` with a router bias). With ``k = 1`` and
+      renormalised gates the router only selects, so all its ``D E (+ E)`` parameters are flat.
+    * ReLU experts: one positive rescaling per hidden unit, ``E d_hidden``; GELU experts: none.
+    """
+    b = int(m.has_router_bias)
+    router = (m.d_model + b) * m.n_experts if m.k == 1 and m.renormalize else m.d_model + b
+    experts = m.n_experts * m.d_hidden if m.activation == "relu" else 0
+    return router + experts
+
+
+# ----------------------------------------------------------------------------- symmetries
+
+def _check_moe(moe) -> None:
+    if not isinstance(moe, MoE):
+        raise TypeError(f"expected a MoE, got {type(moe).__name__}")
+
+
+def _permutation(perm, n: int, what: str) -> torch.Tensor:
+    perm = torch.as_tensor(perm, dtype=torch.long)
+    if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
+        raise ValueError(f"{what} must be a permutation of 0..{n - 1}, got {perm.tolist()}")
+    return perm
+
+
+def permute_experts(moe: MoE, perm) -> MoE:
+    """Expert ``i`` of the result is expert ``perm[i]`` of ``moe``; the router's columns (and
+    bias entries) move with their experts, so the function is unchanged."""
+    _check_moe(moe)
+    perm = _permutation(perm, moe.n_experts, "perm")
+    out = copy.deepcopy(moe)
+    with torch.no_grad():
+        out.W_r.copy_(moe.W_r[:, perm])
+        if moe.has_router_bias:
+            out.b_r.copy_(moe.b_r[perm])
+        for name in ("W_in", "b_in", "W_out", "b_out"):
+            getattr(out, name).copy_(getattr(moe, name)[perm])
+    return out
+
+
+def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
+    """``W_r -> W_r + c 1^T`` (``c [D]``) and, with a router bias, ``b_r -> b_r + s``."""
+    _check_moe(moe)
+    c = torch.as_tensor(c, dtype=moe.W_r.dtype)
+    if c.shape != (moe.d_model,):
+        raise ValueError(f"c must have shape [d_model={moe.d_model}], got {tuple(c.shape)}")
+    if s != 0.0 and not moe.has_router_bias:
+        raise ValueError("a bias shift s needs a MoE with router_bias=True")
+    out = copy.deepcopy(moe)
+    with torch.no_grad():
+        out.W_r.add_(c[:, None])
+        if moe.has_router_bias:
+            out.b_r.add_(s)
+    return out
+
+
+def rescale_hidden(moe: MoE, a) -> MoE:
+    """Scale hidden unit ``j`` of expert ``e`` by ``a[e, j] > 0`` on the way in and by
+    ``1 / a[e, j]`` on the way out: a symmetry of ReLU experts only."""
+    _check_moe(moe)
+    a = torch.as_tensor(a, dtype=torch.float64)
+    if a.shape != (moe.n_experts, moe.d_hidden):
+        raise ValueError(f"a must have shape [n_experts, d_hidden] = "
+                         f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(a.shape)}")
+    if not (torch.isfinite(a).all() and (a > 0).all()):
+        raise ValueError("rescaling factors must be positive and finite "
+                         "(relu(a z) = a relu(z) holds only for a > 0)")
+    if moe.activation != "relu":
+        raise ValueError(f"rescaling hidden units is a symmetry of ReLU experts only, "
+                         f"this MoE uses {moe.activation!r}")
+    out = copy.deepcopy(moe)
+    with torch.no_grad():
+        out.W_in.copy_(moe.W_in.double() * a[:, None, :])
+        out.b_in.copy_(moe.b_in.double() * a)
+        out.W_out.copy_(moe.W_out.double() / a[:, :, None])
+    return out
+
+
+def permute_hidden(moe: MoE, perm) -> MoE:
+    """Relabel hidden units inside each expert: ``perm [E, d_hidden]``, one permutation per
+    expert (unit ``j`` of expert ``e`` in the result is unit ``perm[e, j]`` of ``moe``)."""
+    _check_moe(moe)
+    perm = torch.as_tensor(perm, dtype=torch.long)
+    if perm.shape != (moe.n_experts, moe.d_hidden):
+        raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
+                         f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(perm.shape)}")
+    for e in range(moe.n_experts):
+        _permutation(perm[e], moe.d_hidden, f"perm[{e}]")
+    out = copy.deepcopy(moe)
+    rows = torch.arange(moe.n_experts)[:, None]
+    with torch.no_grad():
+        out.W_in.copy_(moe.W_in[rows, :, perm].transpose(1, 2))  # (E, Dh, D) -> (E, D, Dh)
+        out.b_in.copy_(moe.b_in[rows, perm])
+        out.W_out.copy_(moe.W_out[rows, perm])
+    return out
