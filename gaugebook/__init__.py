@@ -17,6 +17,9 @@ Training and breaking
     :mod:`~gaugebook.results`     loading and comparing result files at equal steps
     :mod:`~gaugebook.interpret`   the query-offset factor and key alignment by token category
     :mod:`~gaugebook.moe`         a top-k mixture-of-experts layer and its symmetries
+    :mod:`~gaugebook.sharpness`   Hessian sharpness and its minimum over the gauge orbit
+    :mod:`~gaugebook.alignment`   aligning and merging two GPTs (heads, frames, residual, MLP)
+    :mod:`~gaugebook.orbit`       tangent vectors of gauge orbits, balancing
 Book helpers
     :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
 """

@@ -1,0 +1,448 @@
+r"""Aligning two models modulo their symmetries, for linear interpolation and merging (chapter 9).
+
+Two networks trained from different seeds compute similar functions with parameters that differ
+by (approximately) a symmetry. Averaging them naively mixes unrelated coordinates; aligning one to
+the other first, by a symmetry that preserves its function exactly, can lower the loss barrier on
+the straight line between them (Entezari et al. 2022; Ainsworth et al. 2023, "weight matching").
+For a :class:`~gaugebook.gpt.GPT` (multi-head attention, no RoPE) the symmetries used are
+
+* **residual features** ``pi in S_D``: permute the ``D`` features of the residual stream in every
+  tensor that reads or writes it (embeddings, LayerNorm gains and biases, the attention and MLP
+  weights). LayerNorm's mean and variance and the tied unembedding ``logits = h W_E^T`` are
+  permutation invariant, so this is exact. (A general rotation is not: LayerNorm's per-feature
+  gains and the tied embedding break it.)
+* **heads** ``S_H`` per layer, matched by :func:`match_heads` on the gauge-invariant circuits
+  ``W_Q W_K^T`` and ``W_V W_O``;
+* **QK and VO matrices** ``GL(d_k) x GL(d_v)`` per head, fitted by :func:`align_factors`, plus
+  the key- and value-bias translations (:func:`align_qk_vo`);
+* **MLP hidden units** ``S_{4D}`` per layer (:func:`align_mlp`).
+
+Permutations are found with ``scipy.optimize.linear_sum_assignment``. Conventions follow
+:class:`~gaugebook.gauge.HeadPermutation`: a permutation ``perm`` makes unit ``i`` of the result
+unit ``perm[i]`` of the input.
+
+:func:`sample_align` is the method of the source (section 9.4): draw random group elements and keep
+the one that lands closest.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
+                             ValueBiasShift, VOTransform)
+from gaugebook.gpt import GPT
+from gaugebook.linalg import DTYPE, random_gl
+
+__all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
+           "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
+           "parameter_distance", "loss_barrier", "sample_align", "SampledAlignment"]
+
+ALIGN_METHODS = ("lstsq", "procrustes")
+
+
+def _w(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(DTYPE)
+
+
+def _check_attention(m: MultiHeadAttention) -> None:
+    if not isinstance(m, MultiHeadAttention):
+        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+    if m.rope:
+        raise ValueError("alignment uses the full GL(d_head) QK group, which RoPE reduces to the "
+                         "commutant of the rotations (chapter 5): RoPE layers are not supported")
+
+
+def _check_pair(a: MultiHeadAttention, b: MultiHeadAttention) -> None:
+    _check_attention(a), _check_attention(b)
+    shape = ("d_model", "n_heads", "n_kv_heads", "d_head", "d_value", "has_bias")
+    wrong = [f"{k}: {getattr(a, k)} vs {getattr(b, k)}" for k in shape
+             if getattr(a, k) != getattr(b, k)]
+    if wrong:
+        raise ValueError("the two attention layers differ in " + ", ".join(wrong))
+
+
+def _cosine(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``[n, ...] x [m, ...] -> [n, m]`` cosine similarities of flattened entries."""
+    x, y = x.flatten(1), y.flatten(1)
+    return (x / x.norm(dim=1, keepdim=True)) @ (y / y.norm(dim=1, keepdim=True)).T
+
+
+def head_similarity(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> torch.Tensor:
+    r"""``S[i, j] = cos(W_Q^a W_K^{aT}, W_Q^b W_K^{bT}) + cos(W_V^a W_O^a, W_V^b W_O^b)`` for head
+    ``i`` of ``attn_a`` and head ``j`` of ``attn_b``: both circuits (``[D, D]`` each) are invariant
+    under the head's ``GL(d_k) x GL(d_v)``, so ``S`` compares heads modulo that gauge. ``[H, H]``,
+    entries in ``[-2, 2]``."""
+    _check_pair(attn_a, attn_b)
+
+    def circuits(m):
+        G = m.group_size
+        W_K, W_V = _w(m.W_K).repeat_interleave(G, 0), _w(m.W_V).repeat_interleave(G, 0)
+        qk = _w(m.W_Q) @ W_K.transpose(-1, -2)  # (H, D, D)
+        ov = W_V @ _w(m.W_O)  # (H, D, D)
+        return qk, ov
+
+    (qk_a, ov_a), (qk_b, ov_b) = circuits(attn_a), circuits(attn_b)
+    return _cosine(qk_a, qk_b) + _cosine(ov_a, ov_b)
+
+
+def _assignment(similarity: torch.Tensor) -> torch.Tensor:
+    """The permutation ``perm`` maximising ``sum_i similarity[i, perm[i]]``."""
+    rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
+    return torch.as_tensor(cols[np.argsort(rows)], dtype=torch.long)
+
+
+def match_heads(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> torch.Tensor:
+    """The head permutation of ``attn_b`` that best matches ``attn_a`` by :func:`head_similarity`:
+    ``HeadPermutation(perm).act(attn_b)`` has at position ``i`` the head most like head ``i`` of
+    ``attn_a`` (one-to-one). Key/value groups of size > 1 are not supported."""
+    if attn_a.group_size != 1:
+        raise ValueError("match_heads needs one key/value head per query head (no GQA/MQA)")
+    return _assignment(head_similarity(attn_a, attn_b))
+
+
+def _pair_residual(M, X_a, Y_a, X_b, Y_b):
+    """``|X_b M - X_a|^2 + |Y_b M^{-T} - Y_a|^2``."""
+    return ((X_b @ M - X_a) ** 2).sum() + \
+        ((Y_b @ torch.linalg.inv(M).transpose(-1, -2) - Y_a) ** 2).sum()
+
+
+def align_factors(X_a: torch.Tensor, Y_a: torch.Tensor, X_b: torch.Tensor, Y_b: torch.Tensor,
+                  *, method: str = "lstsq", max_iter: int = 50) -> torch.Tensor:
+    r"""The ``M`` that best maps the factor pair ``(X_b, Y_b)`` onto ``(X_a, Y_a)`` under the
+    action ``(X, Y) -> (X M, Y M^{-T})``, which preserves ``X Y^T``.
+
+    ``X [m, k]``, ``Y [n, k]``; returns ``M [k, k]``. Uses: QK (``X = W_Q``, ``Y = W_K``), VO
+    (``X = W_V``, ``Y = W_O^T``), LoRA (``X = B``, ``Y = A^T``).
+
+    * ``"procrustes"``: the orthogonal ``M`` maximising ``<X_b M, X_a> + <Y_b M, Y_a>``
+      (``M^{-T} = M``): ``U V^T`` from the SVD of ``X_b^T X_a + Y_b^T Y_a``. Never
+      ill-conditioned, but blind to the non-orthogonal part of the gauge.
+    * ``"lstsq"`` (default): the least-squares fit over all of GL(k),
+      ``min_M |X_b M - X_a|^2 + |Y_b M^{-T} - Y_a|^2``. Both terms grow when ``M`` degenerates,
+      so the minimum is well conditioned. Started from the better of the Procrustes solution and
+      the *linearised* fit (multiply the second condition by ``M^T``: the Sylvester equation
+      ``(X_b^T X_b) M + M (Y_a^T Y_a) = X_b^T X_a + Y_b^T Y_a``, exact when
+      ``(X_b, Y_b) = (X_a M_0^{-1}, Y_a M_0^T)``, but ill-conditioned for unrelated factors
+      because it does not penalise a large ``M^{-1}``), then refined by L-BFGS (at most
+      ``max_iter`` iterations).
+    """
+    if method not in ALIGN_METHODS:
+        raise ValueError(f"method must be one of {ALIGN_METHODS}, got {method!r}")
+    X_a, Y_a, X_b, Y_b = (_w(t) for t in (X_a, Y_a, X_b, Y_b))
+    if X_a.shape != X_b.shape or Y_a.shape != Y_b.shape or X_a.shape[1] != Y_a.shape[1]:
+        raise ValueError(f"factor shapes do not match: X_a {tuple(X_a.shape)}, X_b "
+                         f"{tuple(X_b.shape)}, Y_a {tuple(Y_a.shape)}, Y_b {tuple(Y_b.shape)}")
+    cross = X_b.T @ X_a + Y_b.T @ Y_a  # (k, k)
+    U, _, Vh = torch.linalg.svd(cross)
+    procrustes = U @ Vh
+    if method == "procrustes":
+        return procrustes
+    starts = [procrustes]
+    linear = torch.as_tensor(scipy.linalg.solve_sylvester(
+        (X_b.T @ X_b).numpy(), (Y_a.T @ Y_a).numpy(), cross.numpy()), dtype=DTYPE)
+    if torch.isfinite(linear).all() and torch.linalg.cond(linear) < 1e12:
+        starts.append(linear)
+    M = min(starts, key=lambda S: _pair_residual(S, X_a, Y_a, X_b, Y_b).item()).clone()
+    scale = (X_a ** 2).sum() + (Y_a ** 2).sum()
+    if _pair_residual(M, X_a, Y_a, X_b, Y_b) <= 1e-24 * scale:
+        return M  # exact already
+    M.requires_grad_(True)
+    opt = torch.optim.LBFGS([M], max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-15,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        value = _pair_residual(M, X_a, Y_a, X_b, Y_b) / scale
+        value.backward()
+        return value
+
+    opt.step(closure)
+    return M.detach()
+
+
+def align_qk_vo(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention, *,
+                method: str = "lstsq", target: str = "") -> GaugeElement:
+    r"""A gauge element that moves ``attn_b`` (heads already matched) towards ``attn_a``.
+
+    Per key/value group: ``M`` from :func:`align_factors` on ``X = [W_Q; b_Q]`` (the group's
+    query heads stacked) and ``Y = W_K``, ``N`` on ``X = W_V`` and ``Y = W_O^T`` (the group's
+    output matrices stacked); with biases then the translations that make ``b_K`` and ``b_V``
+    equal to ``attn_a``'s (``b_K`` cancels in the softmax; a ``b_V`` shift is absorbed by
+    ``b_O``). ``b_K`` and ``b_V`` stay out of the fits because the translations reach any value.
+    ``target`` is the submodule path the factors act on.
+    """
+    _check_pair(attn_a, attn_b)
+    G, D = attn_a.group_size, attn_a.d_model
+
+    def query_side(m):  # (Hkv, G (D + b), dk)
+        X = _w(m.W_Q)
+        if m.has_bias:
+            X = torch.cat([X, _w(m.b_Q)[:, None]], dim=1)
+        return X.reshape(m.n_kv_heads, -1, m.d_head)
+
+    def value_side(m):  # (Hkv, D, dv) and (Hkv, G D, dv)
+        Y = _w(m.W_O).transpose(-1, -2).reshape(m.n_kv_heads, G * D, m.d_value)
+        return _w(m.W_V), Y
+
+    Xq_a, Xq_b = query_side(attn_a), query_side(attn_b)
+    (Xv_a, Yv_a), (Xv_b, Yv_b) = value_side(attn_a), value_side(attn_b)
+    M = torch.stack([align_factors(Xq_a[g], _w(attn_a.W_K[g]), Xq_b[g], _w(attn_b.W_K[g]),
+                                   method=method) for g in range(attn_a.n_kv_heads)])
+    N = torch.stack([align_factors(Xv_a[g], Yv_a[g], Xv_b[g], Yv_b[g], method=method)
+                     for g in range(attn_a.n_kv_heads)])
+    factors = [QKTransform(M, target=target), VOTransform(N, target=target)]
+    if attn_a.has_bias:
+        b_K = (_w(attn_b.b_K)[:, None] @ torch.linalg.inv(M).transpose(-1, -2))[:, 0]
+        b_V = (_w(attn_b.b_V)[:, None] @ N)[:, 0]
+        factors += [KeyBiasShift(_w(attn_a.b_K) - b_K, target=target),
+                    ValueBiasShift(_w(attn_a.b_V) - b_V, target=target)]
+    return GaugeElement(factors)
+
+
+# ----------------------------------------------------------------------------------------------
+# permutations of MLP hidden units and of residual features
+# ----------------------------------------------------------------------------------------------
+
+def _mlp_units(mlp: nn.Module) -> torch.Tensor:
+    """One row per hidden unit: its input weights and bias, output weights, PReLU slope."""
+    parts = [_w(mlp.c_fc.weight), _w(mlp.c_proj.weight).T]  # (4D, D) each
+    if mlp.c_fc.bias is not None:
+        parts.append(_w(mlp.c_fc.bias)[:, None])
+    if isinstance(mlp.act, nn.PReLU):
+        parts.append(_w(mlp.act.weight)[:, None])
+    return torch.cat(parts, dim=1)
+
+
+def align_mlp(mlp_a: nn.Module, mlp_b: nn.Module) -> torch.Tensor:
+    r"""The hidden-unit permutation of ``mlp_b`` that best matches ``mlp_a`` (weight matching):
+    ``perm`` maximises ``sum_i <u_i^a, u_{perm[i]}^b>`` over the units' weight rows ``u`` (input
+    weights and bias, output weights, PReLU slope)."""
+    U_a, U_b = _mlp_units(mlp_a), _mlp_units(mlp_b)
+    if U_a.shape != U_b.shape:
+        raise ValueError(f"the two MLPs differ in shape: {tuple(U_a.shape)} vs {tuple(U_b.shape)}")
+    return _assignment(U_a @ U_b.T)
+
+
+@torch.no_grad()
+def permute_mlp(mlp: nn.Module, perm: torch.Tensor) -> None:
+    """Permute the hidden units of ``mlp`` in place (unit ``i`` becomes unit ``perm[i]``); the
+    function is unchanged because the activation acts unit by unit."""
+    mlp.c_fc.weight.copy_(mlp.c_fc.weight[perm])
+    if mlp.c_fc.bias is not None:
+        mlp.c_fc.bias.copy_(mlp.c_fc.bias[perm])
+    if isinstance(mlp.act, nn.PReLU):
+        mlp.act.weight.copy_(mlp.act.weight[perm])
+    mlp.c_proj.weight.copy_(mlp.c_proj.weight[:, perm])
+
+
+def _residual_axes(model: GPT) -> list[tuple[torch.Tensor, int]]:
+    """Every parameter with an axis over residual features, with that axis."""
+    axes = [(model.wte.weight, 1), (model.ln_f.weight, 0)]
+    if model.wpe is not None:
+        axes.append((model.wpe.weight, 1))
+    if model.ln_f.bias is not None:
+        axes.append((model.ln_f.bias, 0))
+    for block in model.blocks:
+        for ln in (block.ln_1, block.ln_2):
+            axes += [(ln.weight, 0)] + ([(ln.bias, 0)] if ln.bias is not None else [])
+        a, mlp = block.attn, block.mlp
+        axes += [(a.W_Q, 1), (a.W_K, 1), (a.W_V, 1), (a.W_O, 2),
+                 (mlp.c_fc.weight, 1), (mlp.c_proj.weight, 0)]
+        axes += [(b, 0) for b in (a.b_O, mlp.c_proj.bias) if b is not None]
+    return axes
+
+
+def _check_gpt_pair(model_a: GPT, model_b: GPT) -> None:
+    for m in (model_a, model_b):
+        if not isinstance(m, GPT):
+            raise TypeError(f"expected a GPT, got {type(m).__name__}")
+        if m.config.symmetry_breaking is not None:
+            raise ValueError("models with symmetry-breaking biases are not supported")
+    if model_a.config != model_b.config:
+        raise ValueError(f"the models' configs differ: {model_a.config} vs {model_b.config}")
+    for block in model_a.blocks:
+        _check_attention(block.attn)
+
+
+def match_residual(model_a: GPT, model_b: GPT) -> torch.Tensor:
+    r"""The permutation of ``model_b``'s residual features that best matches ``model_a``: it
+    maximises ``sum_W <W^a, pi(W^b)>`` over every tensor with a residual axis (weight matching).
+    Tensors whose other axes are also permuted by a symmetry (heads, QK/VO frames, MLP units)
+    only make sense here once those are aligned: :func:`align_gpt` alternates."""
+    _check_gpt_pair(model_a, model_b)
+    C = torch.zeros(model_a.config.n_embd, model_a.config.n_embd, dtype=DTYPE)
+    for (wa, axis), (wb, _) in zip(_residual_axes(model_a), _residual_axes(model_b)):
+        wa, wb = (_w(w).movedim(axis, 0).reshape(w.shape[axis], -1) for w in (wa, wb))
+        C += wa @ wb.T  # (D, D)
+    return _assignment(C)
+
+
+def permute_residual(model: GPT, perm: torch.Tensor) -> GPT:
+    """A copy of ``model`` whose residual feature ``i`` is feature ``perm[i]`` of ``model``
+    (the same function: LayerNorm statistics and the tied unembedding are permutation
+    invariant)."""
+    out = copy.deepcopy(model)
+    perm = torch.as_tensor(perm, dtype=torch.long)
+    if not torch.equal(perm.sort().values, torch.arange(model.config.n_embd)):
+        raise ValueError(f"perm must be a permutation of 0..{model.config.n_embd - 1}")
+    with torch.no_grad():
+        for w, axis in _residual_axes(out):
+            w.copy_(w.index_select(axis, perm))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole model
+# ----------------------------------------------------------------------------------------------
+
+def align_gpt(model_a: GPT, model_b: GPT, *, method: str = "lstsq", residual: bool = True,
+              heads: bool = True, frames: bool = True, mlp: bool = True,
+              rounds: int = 2) -> GPT:
+    """A copy of ``model_b`` moved towards ``model_a`` by exact symmetries (same function).
+
+    Alternates ``rounds`` times: (1) permute residual features by :func:`match_residual`;
+    (2) per layer, permute heads by :func:`match_heads`, fit the QK and VO frames and bias
+    translations by :func:`align_qk_vo` (``method``), permute MLP units by :func:`align_mlp`.
+    Each step can be switched off (``residual``, ``heads``, ``frames``, ``mlp``) to measure what
+    it contributes. The first residual matching sees only the tensors no other symmetry touches
+    (embeddings, LayerNorm, output biases) in a meaningful frame; later rounds see everything
+    aligned.
+    """
+    _check_gpt_pair(model_a, model_b)
+    if rounds < 1:
+        raise ValueError(f"rounds must be positive, got {rounds}")
+    b = copy.deepcopy(model_b)
+    for _ in range(rounds):
+        if residual:
+            b = permute_residual(b, match_residual(model_a, b))
+        for i, block_a in enumerate(model_a.blocks):
+            path = f"blocks.{i}.attn"
+            if heads:
+                perm = match_heads(block_a.attn, b.blocks[i].attn)
+                b = GaugeElement([HeadPermutation(perm, target=path)]).act(b)
+            if frames:
+                b = align_qk_vo(block_a.attn, b.blocks[i].attn, method=method,
+                                target=path).act(b)
+            if mlp:
+                permute_mlp(b.blocks[i].mlp, align_mlp(block_a.mlp, b.blocks[i].mlp))
+    return b
+
+
+def _parameter_pairs(model_a: nn.Module, model_b: nn.Module):
+    pa, pb = list(model_a.named_parameters()), list(model_b.named_parameters())
+    if [(n, p.shape) for n, p in pa] != [(n, p.shape) for n, p in pb]:
+        raise ValueError("the models have different parameters (names or shapes)")
+    return [(a, b) for (_, a), (_, b) in zip(pa, pb)]
+
+
+def parameter_distance(model_a: nn.Module, model_b: nn.Module) -> float:
+    """``|theta_a - theta_b|`` (Euclidean, over all trainable parameters, float64)."""
+    return sum(((_w(a) - _w(b)) ** 2).sum() for a, b in _parameter_pairs(model_a, model_b)) \
+        .sqrt().item()
+
+
+def interpolate(model_a: nn.Module, model_b: nn.Module, t: float) -> nn.Module:
+    """A copy of ``model_a`` with parameters ``(1 - t) theta_a + t theta_b`` (tied weights stay
+    tied; buffers come from ``model_a``)."""
+    out = copy.deepcopy(model_a)
+    pairs = _parameter_pairs(model_a, model_b)
+    with torch.no_grad():
+        for p, (a, b) in zip(out.parameters(), pairs):
+            p.copy_((1 - t) * a + t * b)
+    return out
+
+
+def loss_barrier(ts: Sequence[float], losses: Sequence[float]) -> float:
+    r"""``max_t [L(t) - ((1 - t) L(0) + t L(1))]`` on a path sampled at ``ts`` (from 0 to 1):
+    the largest rise above the straight line between the end losses (the barrier of Entezari et
+    al. 2022; Frankle et al. 2020 subtract the mean of the end losses instead)."""
+    ts, losses = torch.as_tensor(ts, dtype=DTYPE), torch.as_tensor(losses, dtype=DTYPE)
+    if ts.ndim != 1 or ts.shape != losses.shape or ts[0] != 0 or ts[-1] != 1:
+        raise ValueError("ts and losses must be matching 1-D sequences with ts from 0 to 1")
+    return (losses - ((1 - ts) * losses[0] + ts * losses[-1])).max().item()
+
+
+# ----------------------------------------------------------------------------------------------
+# the source's method: random sampling
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampledAlignment:
+    """Result of :func:`sample_align`."""
+
+    model: nn.Module  # the closest transformed copy of model_b
+    distance: float  # |theta_a - best(theta_b)|
+    initial_distance: float  # |theta_a - theta_b|
+    n_samples: int
+    seconds: float
+    distances: list[float]  # |theta_a - tau(theta_b)| of every sample, in order
+
+
+def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, *,
+                 cond: float = 1.0, generator: torch.Generator | None = None) -> SampledAlignment:
+    r"""The source's ``align_models``: draw ``n_samples`` random elements ``tau`` of the attention
+    gauge group ``prod_layers (GL(d_k)^H x GL(d_v)^H) x| S_H`` and keep the ``tau`` minimising
+    ``|theta_a - tau(theta_b)|``.
+
+    The source does not say how to sample a non-compact group; here every QK and VO matrix is
+    :func:`~gaugebook.linalg.random_gl` with condition number ``cond`` (``cond=1``: Haar
+    orthogonal, the uniform distribution on the maximal compact subgroup) and each layer's head
+    permutation is uniform. As in the source, the identity is not a candidate. Only the attention
+    layers' per-head tensors change, so each distance is computed from them and the fixed rest
+    (the same number as acting on the whole model; the returned model is the library's action).
+    """
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be positive, got {n_samples}")
+    layers = [(n, m) for n, m in model_b.named_modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
+        raise TypeError(f"{type(model_b).__name__} contains no MultiHeadAttention")
+    for _, m in layers:
+        _check_attention(m)
+        if m.group_size != 1:
+            raise ValueError("sample_align supports one key/value head per query head")
+    start = time.perf_counter()
+    initial = parameter_distance(model_a, model_b)
+    per_head = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
+    targets = [{k: _w(getattr(model_a.get_submodule(n), k)) for k in per_head
+                if getattr(m, k) is not None} for n, m in layers]
+    sources = [{k: _w(getattr(m, k)) for k in t} for t, (_, m) in zip(targets, layers)]
+    rest_sq = initial ** 2 - sum(((sources[i][k] - t[k]) ** 2).sum().item()
+                                 for i, t in enumerate(targets) for k in t)
+
+    def act(w, M, N, perm):  # (M, N, perm) . (per-head tensors), as the gauge module does it
+        M_invT, N_inv = torch.linalg.inv(M).transpose(-1, -2), torch.linalg.inv(N)
+        rules = {"W_Q": lambda x: x @ M, "W_K": lambda x: x @ M_invT, "W_V": lambda x: x @ N,
+                 "W_O": lambda x: N_inv @ x, "b_Q": lambda x: (x[:, None] @ M)[:, 0],
+                 "b_K": lambda x: (x[:, None] @ M_invT)[:, 0],
+                 "b_V": lambda x: (x[:, None] @ N)[:, 0]}
+        return {k: rules[k](x)[perm] for k, x in w.items()}
+
+    best, best_draws, distances = None, None, []
+    for _ in range(n_samples):
+        draws = [(torch.stack([random_gl(m.d_head, cond, generator=generator)
+                               for _ in range(m.n_heads)]),
+                  torch.stack([random_gl(m.d_value, cond, generator=generator)
+                               for _ in range(m.n_heads)]),
+                  torch.randperm(m.n_heads, generator=generator)) for _, m in layers]
+        d_sq = rest_sq + sum(((x - t[k]) ** 2).sum().item()
+                             for t, w, draw in zip(targets, sources, draws)
+                             for k, x in act(w, *draw).items())
+        distances.append(max(d_sq, 0.0) ** 0.5)
+        if best is None or d_sq < best:
+            best, best_draws = d_sq, draws
+    element = GaugeElement(f for (n, _), (M, N, perm) in zip(layers, best_draws)
+                           for f in (QKTransform(M, target=n), VOTransform(N, target=n),
+                                     HeadPermutation(perm, target=n)))
+    aligned = element.act(model_b)
+    return SampledAlignment(aligned, parameter_distance(model_a, aligned), initial, n_samples,
+                            time.perf_counter() - start, distances)

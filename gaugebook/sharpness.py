@@ -1,0 +1,350 @@
+r"""Hessian-based sharpness, and its minimum over a gauge orbit (chapter 9).
+
+A loss is handled as a function ``f(theta)`` of the flat float64 parameter vector
+(:class:`FlatLoss` builds one from a model). From it:
+
+* :func:`hessian_vector_product` ``H v`` by forward-over-reverse differentiation,
+  ``jvp(grad f)(theta; v)`` (:mod:`torch.func`), never forming ``H``;
+* :func:`top_eigenvalue`: the eigenvalue of ``H`` of largest magnitude by power iteration on
+  ``v -> H v / |H v|`` (at a minimum, where ``H`` is positive semi-definite, the largest one);
+* :func:`hutchinson_trace`: ``tr H = E[z^T H z]`` for Rademacher probes ``z``;
+* :func:`hessian`: the full matrix (``torch.func.hessian``), for tiny models and tests.
+
+**Sharpness is not a function property.** A gauge transformation acts on the parameters by an
+invertible *linear* map ``A`` (``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}``, ...) with
+``f(A theta) = f(theta)`` for every ``theta``. Differentiating twice,
+
+.. math::  \nabla^2 f(A\theta) = A^{-\top}\, \nabla^2 f(\theta)\, A^{-1},
+
+a congruence: the spectrum changes although the function does not (Dinh et al. 2017).
+
+**Its minimum over the orbit is.** :func:`minimise_over_orbit` minimises
+``lambda_max(H(g . theta))`` over the QK and VO matrices of every attention layer. Two facts
+shrink the search. (1) Orthogonal ``M, N`` and head permutations make ``A`` orthogonal, so they
+leave the spectrum unchanged; by the polar decomposition ``M = P Q`` (``P`` symmetric positive
+definite, ``Q`` orthogonal, ``Q`` applied last) the sharpness depends on ``M`` only through ``P``,
+and since ``M_0 P^2 M_0^T`` runs over all positive definite matrices when ``P`` does, searching
+``P = exp(S)``, ``S`` symmetric, from *any* point ``M_0 . theta`` of the orbit reaches every value
+the orbit offers. (2) For symmetric positive definite ``P, N`` the map ``A`` is self-adjoint, so
+``H(g . theta) = A^{-1} H_0 A^{-1}`` with ``H_0`` the Hessian at the starting point: every
+Hessian-vector product is taken at one fixed point and the gradient of
+``lambda = w^T H_0 w`` (``w = A^{-1} v``, ``v`` the top unit eigenvector, Hellmann-Feynman) with
+respect to ``S`` is ``2 (H_0 w)^T dw/dS``, with no third derivatives.
+
+Key- and value-bias translations are not searched (a key-bias shift is a translation along which
+``f`` is constant, so it does not change ``H`` at all; the value-bias shift does). RoPE layers are
+refused: their QK group is only the commutant of the rotations (chapter 5).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
+from gaugebook.linalg import DTYPE
+
+__all__ = ["FlatLoss", "hessian_vector_product", "hessian", "top_eigenvalue", "TopEigen",
+           "hutchinson_trace", "TraceEstimate", "OrbitMinimum", "minimise_over_orbit"]
+
+
+class FlatLoss:
+    """``f(theta) = loss(model(*inputs))`` as a function of the flat float64 parameter vector.
+
+    ``model`` is deep-copied and cast to float64 (inputs too, where floating point); ``loss``
+    maps the model's output (a tensor, or the tuple a :class:`~gaugebook.gpt.GPT` returns) to a
+    scalar. ``theta`` holds the model's trainable parameters in ``named_parameters`` order.
+    """
+
+    def __init__(self, model: nn.Module, loss: Callable, *inputs):
+        self.model = copy.deepcopy(model).double()
+        self.inputs = tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x
+                            for x in inputs)
+        self.loss = loss
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(f"{type(model).__name__} has no trainable parameters")
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.theta = torch.cat([p.detach().reshape(-1) for _, p in named])
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Split ``theta [..., n_params]`` into named tensors ``[..., *shape]`` (leading
+        dimensions batch several vectors)."""
+        if theta.shape[-1:] != self.theta.shape:
+            raise ValueError(f"expected vectors of length {self.theta.numel()}, "
+                             f"got shape {tuple(theta.shape)}")
+        batch = theta.shape[:-1]
+        return {n: c.reshape(*batch, *s)
+                for n, c, s in zip(self.names, theta.split(self.sizes, dim=-1), self.shapes)}
+
+    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Inverse of :meth:`unflatten`."""
+        batch = params[self.names[0]].shape[:params[self.names[0]].ndim - len(self.shapes[0])]
+        return torch.cat([params[n].reshape(*batch, -1) for n in self.names], dim=-1)
+
+    def __call__(self, theta: torch.Tensor) -> torch.Tensor:
+        out = functional_call(self.model, self.unflatten(theta), self.inputs)
+        value = self.loss(out)
+        if not torch.is_tensor(value) or value.ndim != 0:
+            raise ValueError("loss must return a scalar tensor")
+        return value
+
+
+def _math_attention():
+    # the fused CPU attention kernels lack forward-mode and double-backward rules
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def hessian_vector_product(f: Callable, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``H(theta) v = d/ds grad f(theta + s v)`` at ``s = 0`` (forward over reverse mode)."""
+    with _math_attention():
+        return jvp(grad(f), (theta,), (v,))[1]
+
+
+def hessian(f: Callable, theta: torch.Tensor) -> torch.Tensor:
+    """The full Hessian ``[n, n]`` (``torch.func.hessian``); only for small ``n``."""
+    with _math_attention():
+        return torch.func.hessian(f)(theta)
+
+
+@dataclass(frozen=True)
+class TopEigen:
+    """Result of :func:`top_eigenvalue`: ``H vector ~ value * vector`` with ``|vector| = 1``."""
+
+    value: float
+    vector: torch.Tensor
+    iterations: int
+    residual: float  # |H v - value v| / |value|
+
+
+def _power_iteration(apply: Callable, v: torch.Tensor, max_iter: int, rtol: float) -> TopEigen:
+    v = v / v.norm()
+    value, previous = 0.0, None
+    for i in range(1, max_iter + 1):
+        w = apply(v)
+        value = torch.dot(v, w).item()  # Rayleigh quotient
+        norm = w.norm()
+        if norm == 0:
+            return TopEigen(0.0, v, i, 0.0)
+        residual = ((w - value * v).norm() / abs(value)).item() if value else float("inf")
+        v = w / norm * (1.0 if value >= 0 else -1.0)  # keep the sign stable for value < 0
+        if previous is not None and abs(value - previous) <= rtol * abs(value):
+            break
+        previous = value
+    return TopEigen(value, v, i, residual)
+
+
+def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rtol: float = 1e-10,
+                   v0: torch.Tensor | None = None,
+                   generator: torch.Generator | None = None) -> TopEigen:
+    r"""The eigenvalue of largest magnitude of ``H = \nabla^2 f(theta)`` by power iteration.
+
+    Stops when the Rayleigh quotient changes by at most ``rtol`` (relative) between iterations;
+    ``v0`` warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
+    geometric with ratio ``|lambda_2 / lambda_1|``: ``residual`` says how far it got.
+    """
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be positive, got {max_iter}")
+    v = torch.randn(theta.shape, generator=generator, dtype=theta.dtype) if v0 is None else v0
+    return _power_iteration(lambda u: hessian_vector_product(f, theta, u), v, max_iter, rtol)
+
+
+@dataclass(frozen=True)
+class TraceEstimate:
+    """Result of :func:`hutchinson_trace`: mean of ``z^T H z`` and its standard error."""
+
+    value: float
+    stderr: float
+    n_samples: int
+
+
+def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
+                     generator: torch.Generator | None = None) -> TraceEstimate:
+    r"""Hutchinson's estimator ``tr H = E[z^T H z]``, ``z`` with independent entries ``+-1``.
+
+    Its variance is ``2 (\|H\|_F^2 - \sum_i H_{ii}^2) / n_samples``.
+    """
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be at least 2, got {n_samples}")
+    samples = []
+    for _ in range(n_samples):
+        z = torch.randint(0, 2, theta.shape, generator=generator).to(theta.dtype) * 2 - 1
+        samples.append(torch.dot(z, hessian_vector_product(f, theta, z)).item())
+    s = torch.tensor(samples, dtype=DTYPE)
+    return TraceEstimate(s.mean().item(), (s.std() / n_samples ** 0.5).item(), n_samples)
+
+
+# ----------------------------------------------------------------------------------------------
+# minimum over the orbit
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OrbitMinimum:
+    """Result of :func:`minimise_over_orbit`.
+
+    ``element.act(model)`` is the flattest point found; ``sharpness`` is its top Hessian
+    eigenvalue, ``initial`` the one at ``model``; ``history`` has one value per step.
+    """
+
+    sharpness: float
+    initial: float
+    history: list[float]
+    element: GaugeElement
+
+
+def _sym(S: torch.Tensor) -> torch.Tensor:
+    return (S + S.transpose(-1, -2)) / 2
+
+
+def _layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    layers = attention_modules(model)
+    if not layers:
+        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
+    rope = [name or "the module" for name, m in layers if m.rope]
+    if rope:
+        raise ValueError(f"orbit minimisation needs the full GL(d_head) QK group, but {rope[0]} "
+                         "uses RoPE (whose QK group is only the commutant of the rotations)")
+    return layers
+
+
+def _spd_action(params: dict, layers, P_qk: dict, P_vo: dict) -> dict:
+    """``(P, N) . params`` for symmetric positive definite ``P [n_kv, dk, dk]``,
+    ``N [n_kv, dv, dv]`` per layer (``P^{-T} = P^{-1}``); differentiable, and tensors may carry
+    leading batch dimensions."""
+    def right(P):  # x [..., H, n, d] @ P [H, d, d]; a bias x [..., H, d] as a row vector
+        return lambda x, bias=False: (x[..., None, :] @ P)[..., 0, :] if bias else x @ P
+
+    out = dict(params)
+    for path, m in layers:
+        pre = f"{path}." if path else ""
+        P, N, G = P_qk[path], P_vo[path], m.group_size
+        P_q, N_inv_h = P.repeat_interleave(G, 0), torch.linalg.inv(N).repeat_interleave(G, 0)
+        rules = {"W_Q": (right(P_q), False), "b_Q": (right(P_q), True),
+                 "W_K": (right(torch.linalg.inv(P)), False),
+                 "b_K": (right(torch.linalg.inv(P)), True),
+                 "W_V": (right(N), False), "b_V": (right(N), True),
+                 "W_O": (lambda x, bias: N_inv_h @ x, False)}  # (H, dv, dv) @ (..., H, dv, D)
+        for name, (rule, bias) in rules.items():
+            if pre + name in out:
+                out[pre + name] = rule(out[pre + name], bias)
+    return out
+
+
+def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 200,
+                        rounds: int = 2, lr: float = 0.1, method: str = "auto",
+                        dense_limit: int = 1024, power_iters: int = 30, rtol: float = 1e-8,
+                        generator: torch.Generator | None = None) -> OrbitMinimum:
+    r"""Minimise the top Hessian eigenvalue of ``loss(model(*inputs))`` over the gauge orbit.
+
+    Searches ``P = exp(S)``, ``N = exp(S')`` (``S, S'`` symmetric, one per key/value group of
+    every attention layer) with Adam (learning rate ``lr``, cosine-decayed to zero over
+    ``steps``), using ``H(g . theta) = A^{-1} H_0 A^{-1}`` (module docstring). ``method``:
+
+    * ``"dense"``: form ``H_0`` once, then ``A^{-1}`` as a matrix each step, and differentiate
+      ``eigvalsh(A^{-1} H_0 A^{-1})[-1]`` (exact; for up to a few thousand parameters);
+    * ``"hvp"``: warm-started power iteration with Hessian-vector products at the starting
+      point (at most ``power_iters`` per step) and the Hellmann-Feynman gradient
+      ``2 (H_0 w)^T dw/dS``, ``w = A^{-1} v``;
+    * ``"auto"``: ``"dense"`` when the model has at most ``dense_limit`` parameters.
+
+    The coordinates ``S`` are ill-conditioned when the start is far from balanced (a start
+    ``M_0 . theta`` turns the search into one over ``M_0 P^2 M_0^T``), so the search restarts
+    ``rounds`` times from the best point so far, with ``S = 0`` there. Returns the best point
+    seen; all attention parameters must be trainable (the gauge action changes them all).
+    """
+    if steps < 1 or rounds < 1 or lr <= 0:
+        raise ValueError(f"steps and rounds must be positive and lr > 0, got steps={steps}, "
+                         f"rounds={rounds}, lr={lr}")
+    if method not in ("auto", "dense", "hvp"):
+        raise ValueError(f"method must be 'auto', 'dense' or 'hvp', got {method!r}")
+    layers = _layers(model)
+    for path, m in layers:
+        frozen = [n for n, p in m.named_parameters() if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"attention parameters {frozen} of {path or 'the module'} are "
+                             "frozen: the gauge action would change them")
+    if method == "auto":
+        n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        method = "dense" if n_params <= dense_limit else "hvp"
+    model = copy.deepcopy(model).double()  # compose the rounds' actions without rounding
+    element, history, current = GaugeElement(), [], model
+    for _ in range(rounds):
+        found = _minimise_once(current, loss, inputs, layers, steps, lr, method, power_iters,
+                               rtol, generator)
+        history += found.history
+        element = found.element @ element
+        current = element.act(model)
+    return OrbitMinimum(min(history), history[0], history, element)
+
+
+def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, rtol, generator):
+    L = FlatLoss(model, loss, *inputs)
+    theta0 = L.theta
+    S_qk = {p: torch.zeros(m.n_kv_heads, m.d_head, m.d_head, dtype=DTYPE, requires_grad=True)
+            for p, m in layers}
+    S_vo = {p: torch.zeros(m.n_kv_heads, m.d_value, m.d_value, dtype=DTYPE, requires_grad=True)
+            for p, m in layers}
+    variables = list(S_qk.values()) + list(S_vo.values())
+    opt = torch.optim.Adam(variables, lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+
+    def inverse_matrices():
+        # exp(-S) per layer: the element whose action on tangent vectors is A^{-1}
+        return ({p: torch.linalg.matrix_exp(-_sym(S)) for p, S in S_qk.items()},
+                {p: torch.linalg.matrix_exp(-_sym(S)) for p, S in S_vo.items()})
+
+    def inverse_action(u: torch.Tensor, matrices) -> torch.Tensor:
+        # A^{-1} u for u [..., n] (the action is linear in the parameters)
+        return L.flatten(_spd_action(L.unflatten(u), layers, *matrices))
+
+    if method == "dense":
+        H0 = hessian(L, theta0)
+        eye = torch.eye(theta0.numel(), dtype=DTYPE)
+
+        def sharpness_step(_):
+            A_inv = inverse_action(eye, inverse_matrices())  # (n, n), symmetric
+            lam = torch.linalg.eigvalsh(A_inv @ H0 @ A_inv)[-1]
+            return lam.item(), lam, None
+    else:
+        def hvp0(u):
+            return hessian_vector_product(L, theta0, u)
+
+        def sharpness_step(v):
+            matrices = inverse_matrices()
+            with torch.no_grad():
+                fixed = tuple({p: X.detach() for p, X in d.items()} for d in matrices)
+                eig = _power_iteration(
+                    lambda u: inverse_action(hvp0(inverse_action(u, fixed)), fixed), v,
+                    power_iters, rtol)
+            w = inverse_action(eig.vector, matrices)  # differentiable in S
+            return eig.value, 2 * torch.dot(hvp0(w.detach()), w), eig.vector
+
+    v = torch.randn(theta0.shape, generator=generator, dtype=DTYPE)
+    history, best, best_S = [], None, None
+    for step in range(steps + 1):
+        value, surrogate, v = sharpness_step(v)
+        history.append(value)
+        if best is None or value < best:
+            best, best_S = value, [S.detach().clone() for S in variables]
+        if step == steps:
+            break
+        opt.zero_grad()
+        surrogate.backward()  # its gradient is d lambda_max / dS
+        opt.step()
+        schedule.step()
+
+    n = len(layers)
+    element = GaugeElement(
+        [QKTransform(torch.linalg.matrix_exp(_sym(S)), target=p)
+         for (p, _), S in zip(layers, best_S[:n])]
+        + [VOTransform(torch.linalg.matrix_exp(_sym(S)), target=p)
+           for (p, _), S in zip(layers, best_S[n:])])
+    return OrbitMinimum(best, history[0], history, element)

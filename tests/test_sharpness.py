@@ -1,0 +1,137 @@
+import pytest
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, random_element
+from gaugebook.sharpness import (FlatLoss, hessian, hessian_vector_product, hutchinson_trace,
+                                 minimise_over_orbit, top_eigenvalue)
+
+DTYPE = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: one thread avoids oversubscribing a busy CPU (tens of times faster)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """A small attention layer fitted (to a stationary point) to a noisy teacher."""
+    gen = torch.Generator().manual_seed(0)
+    teacher = MultiHeadAttention(4, 2, 2, dtype=DTYPE, generator=gen)
+    x = torch.randn(16, 5, 4, generator=gen, dtype=DTYPE)
+    with torch.no_grad():
+        y = teacher(x) + 0.1 * torch.randn(16, 5, 4, generator=gen, dtype=DTYPE)
+    student = MultiHeadAttention(4, 2, 2, dtype=DTYPE, generator=gen)
+
+    def mse(out):
+        return ((out - y) ** 2).mean()
+
+    opt = torch.optim.LBFGS(student.parameters(), max_iter=1000, tolerance_grad=1e-11,
+                            tolerance_change=1e-16, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = mse(student(x))
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return student, mse, x
+
+
+def dense_top(model, loss, x):
+    L = FlatLoss(model, loss, x)
+    return torch.linalg.eigvalsh(hessian(L, L.theta))[-1].item()
+
+
+def test_flat_loss_round_trip(problem):
+    model, loss, x = problem
+    L = FlatLoss(model, loss, x)
+    assert torch.equal(L.flatten(L.unflatten(L.theta)), L.theta)
+    batch = torch.stack([L.theta, 2 * L.theta])
+    assert torch.equal(L.flatten(L.unflatten(batch)), batch)
+    assert abs(L(L.theta).item() - loss(model(x)).item()) < 1e-15
+    with pytest.raises(ValueError, match="length"):
+        L.unflatten(L.theta[:-1])
+    with pytest.raises(ValueError, match="scalar"):
+        FlatLoss(model, lambda out: out, x)(L.theta)
+
+
+def test_hvp_matches_dense_hessian(problem):
+    model, loss, x = problem
+    L = FlatLoss(model, loss, x)
+    H = hessian(L, L.theta)
+    assert torch.allclose(H, H.T, atol=1e-12)
+    v = torch.randn(L.theta.shape, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    assert torch.allclose(hessian_vector_product(L, L.theta, v), H @ v, atol=1e-12)
+
+
+def test_power_iteration_and_hutchinson(problem):
+    model, loss, x = problem
+    L = FlatLoss(model, loss, x)
+    eigenvalues = torch.linalg.eigvalsh(hessian(L, L.theta))
+    top = top_eigenvalue(L, L.theta, generator=torch.Generator().manual_seed(2))
+    assert abs(top.value - eigenvalues.abs().max().item()) < 1e-6 * eigenvalues.abs().max()
+    trace = hutchinson_trace(L, L.theta, 200, generator=torch.Generator().manual_seed(3))
+    assert abs(trace.value - eigenvalues.sum().item()) < 4 * trace.stderr
+    with pytest.raises(ValueError):
+        hutchinson_trace(L, L.theta, 1)
+
+
+def test_sharpness_changes_along_the_orbit_but_loss_does_not(problem):
+    model, loss, x = problem
+    base_loss, base_top = loss(model(x)).item(), dense_top(model, loss, x)
+    eye = torch.eye(2, dtype=DTYPE).expand(2, 2, 2)
+    for alpha in (0.1, 10.0):
+        g = GaugeElement([QKTransform(alpha * eye), VOTransform(alpha * eye)])
+        moved = g.act(model)
+        assert abs(loss(moved(x)).item() - base_loss) < 1e-13 * base_loss
+        assert dense_top(moved, loss, x) > 10 * base_top  # about alpha^2 or alpha^-2 times
+    # orthogonal matrices and head permutations act isometrically: the spectrum stays
+    rotation = random_element(model, cond=1.0, generator=torch.Generator().manual_seed(4))
+    assert abs(dense_top(rotation.act(model), loss, x) - base_top) < 1e-9 * base_top
+
+
+def test_minimum_over_orbit_is_gauge_invariant(problem):
+    model, loss, x = problem
+    found = minimise_over_orbit(model, loss, x, steps=100, rounds=3)
+    assert found.sharpness < found.initial
+    assert found.sharpness == min(found.history)
+    flattest = found.element.act(model)
+    assert abs(dense_top(flattest, loss, x) - found.sharpness) < 1e-8 * found.sharpness
+    assert abs(loss(flattest(x)).item() - loss(model(x)).item()) < 1e-12
+    # from another point of the orbit (ill-conditioned, permuted) the same minimum
+    g = random_element(model, cond=30.0, generator=torch.Generator().manual_seed(5))
+    other = minimise_over_orbit(g.act(model), loss, x, steps=100, rounds=3)
+    assert other.initial > 2 * found.initial
+    assert abs(other.sharpness - found.sharpness) < 2e-3 * found.sharpness
+
+
+def test_hvp_method_agrees_with_dense(problem):
+    model, loss, x = problem
+    dense = minimise_over_orbit(model, loss, x, steps=6, rounds=1, method="dense")
+    hvp = minimise_over_orbit(model, loss, x, steps=6, rounds=1, method="hvp", power_iters=60,
+                              rtol=1e-6, generator=torch.Generator().manual_seed(6))
+    assert abs(hvp.initial - dense.initial) < 1e-5 * dense.initial
+    assert hvp.sharpness < hvp.initial
+    assert abs(hvp.sharpness - dense.sharpness) < 0.05 * dense.sharpness
+
+
+def test_orbit_minimisation_errors(problem):
+    model, loss, x = problem
+    with pytest.raises(ValueError, match="method"):
+        minimise_over_orbit(model, loss, x, method="newton")
+    with pytest.raises(ValueError, match="steps"):
+        minimise_over_orbit(model, loss, x, steps=0)
+    rope = MultiHeadAttention(4, 2, 2, rope=True, dtype=DTYPE)
+    with pytest.raises(ValueError, match="RoPE"):
+        minimise_over_orbit(rope, lambda out: (out ** 2).mean(), x)
+    frozen = MultiHeadAttention(4, 2, 2, dtype=DTYPE)
+    frozen.W_O.requires_grad_(False)
+    with pytest.raises(ValueError, match="frozen"):
+        minimise_over_orbit(frozen, lambda out: (out ** 2).mean(), x)
