@@ -3,6 +3,16 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """One intra-op thread per test process: the suite runs under ``pytest -n 2`` on two cores,
+    and the tiny matrices of these tests only lose from extra threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
 def dtype(request):
     return request.param

@@ -14,13 +14,6 @@ from gaugebook.redundancy import redundancy
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def generic_gpt(seed=0, **kw):
     """A small float64 GPT with every parameter generic (GPT init zeroes the biases)."""

@@ -9,14 +9,6 @@ from gaugebook.sharpness import (FlatLoss, hessian, hessian_vector_product, hutc
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread avoids oversubscribing a busy CPU (tens of times faster)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def problem():

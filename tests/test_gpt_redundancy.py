@@ -1,0 +1,151 @@
+"""Redundancy of a whole GPT: the term-by-term count against the Jacobian rank, the explicit
+tangent vectors, the parameter count, and GPT-2 small's numbers."""
+import math
+
+import pytest
+import torch
+
+from gaugebook.gpt import GPT, Block, GPTConfig
+from gaugebook.gpt_redundancy import (TERMS, LogProbabilities, make_generic_, parameter_count,
+                                      positive_fraction, redundancy_terms, redundant_directions)
+from gaugebook.redundancy import jacobian, predicted_redundancy, redundancy
+
+V, T = 11, 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny Jacobians: extra threads only add overhead (and contend on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def probe(config, seed, output="log_probs", rows_per_param=4):
+    """A generic float64 model and tokens with ``rows_per_param`` times more outputs than
+    parameters; seeds are tried from ``seed`` on until every MLP unit switches sign on at least 5%
+    of the positions (the count's assumption for PReLU, checked rather than hoped for)."""
+    for s in range(seed, seed + 20):
+        torch.manual_seed(s)
+        g = torch.Generator().manual_seed(s)
+        gpt = make_generic_(GPT(config), generator=g).double().eval()
+        B = math.ceil(rows_per_param * gpt.num_params() / (T * (V - 1)))
+        idx = torch.randint(0, V, (B, T), generator=g)
+        f = positive_fraction(gpt, idx)
+        if torch.minimum(f, 1 - f).min() >= 0.05:
+            return (LogProbabilities(gpt) if output == "log_probs" else gpt), idx
+    raise AssertionError("no seed gave MLP units that all switch sign")
+
+
+CONFIGS = {
+    "gelu-mha": dict(),
+    "gelu-mqa-nobias": dict(n_kv_head=1, bias=False),
+    "prelu-mha": dict(activation="prelu"),
+    "prelu-mha-nobias-2layer": dict(n_layer=2, activation="prelu", bias=False),
+    "prelu-mqa-2layer": dict(n_layer=2, activation="prelu", n_kv_head=1),
+    "rope": dict(n_embd=8, rope=True),
+    "gated-rope-nobias": dict(n_embd=8, rope="gated", bias=False, activation="prelu"),
+    "bq-eval": dict(symmetry_breaking="bq"),
+    "bqv-eval-nobias": dict(symmetry_breaking="bqv", mu_v=0.5, bias=False, n_kv_head=1),
+}
+
+
+def config(**kw):
+    base = dict(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=6)
+    return GPTConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_log_probability_redundancy_equals_count(name):
+    model, idx = probe(config(**CONFIGS[name]), seed=0)
+    r = redundancy(model, idx)
+    assert r.n_params == parameter_count(model.gpt.config)
+    terms = redundancy_terms(model.gpt.config)
+    assert r.dimension == predicted_redundancy(model) == sum(terms.values())
+    assert r.gap > 1e8
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_logits_lose_the_embedding_shift(bias):
+    model, idx = probe(config(bias=bias), seed=0, output="logits")
+    assert redundancy(model, idx).dimension == predicted_redundancy(model)
+    lp, logits = (redundancy_terms(model.config, output=o) for o in ("log_probs", "logits"))
+    assert lp["embedding_shift"] - logits["embedding_shift"] == 6 - (not bias)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False, activation="prelu"), dict(n_kv_head=1)])
+def test_standalone_block(kw):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    block = make_generic_(Block(config(**kw)), generator=g).double()
+    x = torch.randn(40, T, 6, generator=g, dtype=torch.float64)
+    r = redundancy(block, x)
+    assert r.dimension == predicted_redundancy(block) and r.gap > 1e8
+
+
+@pytest.mark.parametrize("kw", [dict(activation="prelu"), dict(n_kv_head=1, bias=False),
+                                dict(n_embd=8, rope=True)])
+def test_every_term_is_a_null_direction_and_together_they_span(kw):
+    model, idx = probe(config(**kw), seed=0)
+    J = jacobian(model, idx)
+    directions = redundant_directions(model)
+    terms = redundancy_terms(model.gpt.config)
+    assert set(directions) == set(terms) == set(TERMS)
+    scale = torch.linalg.matrix_norm(J, ord=2)
+    for name, V_term in directions.items():
+        if V_term.shape[1]:
+            assert (J @ V_term).norm() <= 1e-12 * scale * V_term.norm(), name
+        assert int(torch.linalg.matrix_rank(V_term)) == terms[name], name
+    everything = torch.cat(list(directions.values()), dim=1)
+    nullity = J.shape[1] - int(torch.linalg.matrix_rank(J))  # rtol max(shape) eps, as redundancy
+    assert int(torch.linalg.matrix_rank(everything)) == nullity == sum(terms.values())
+
+
+def test_one_sided_prelu_unit_adds_redundancy():
+    model, idx = probe(config(activation="prelu"), seed=0)
+    with torch.no_grad():
+        model.gpt.blocks[0].mlp.c_fc.bias[0] = 20.0  # unit 0 now positive on every probe
+    assert positive_fraction(model, idx)[0, 0] == 1.0
+    assert redundancy(model, idx).dimension > predicted_redundancy(model)
+
+
+def test_training_mode_with_breaking_is_rejected():
+    gpt = GPT(config(symmetry_breaking="bq"))
+    with pytest.raises(ValueError, match="call .eval()"):
+        predicted_redundancy(gpt)
+    logits_terms = redundancy_terms(gpt.config, output="logits")
+    assert predicted_redundancy(gpt.eval()) == sum(logits_terms.values())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="vocab_size > n_embd"):
+        redundancy_terms(config(vocab_size=6))
+    with pytest.raises(ValueError, match="output must be one of"):
+        redundancy_terms(config(), output="probs")
+    with pytest.raises(TypeError, match="GPTConfig"):
+        redundancy_terms(dict(n_embd=6))
+    with pytest.raises(TypeError, match="wraps a GPT"):
+        LogProbabilities(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="symmetry-breaking"):
+        redundant_directions(GPT(config(symmetry_breaking="bq")).eval())
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias=False, activation="prelu"), dict(n_kv_head=1),
+                                dict(n_embd=8, rope=True), dict(n_embd=8, rope="gated")])
+def test_parameter_count_without_building(kw):
+    c = config(**kw)
+    assert parameter_count(c) == GPT(c).num_params()
+
+
+def test_gpt2_small():
+    c = GPTConfig(50257, 1024, 12, 12, 768)
+    assert parameter_count(c) == 124_439_808  # the Hugging Face checkpoint's size
+    terms = redundancy_terms(c)
+    layers, heads, dk = 12, 12, 64
+    assert terms["qk_gauge"] == terms["vo_gauge"] == layers * heads * dk**2
+    assert terms["key_bias"] == terms["value_bias"] == layers * heads * dk
+    assert terms["mlp_rescaling"] == 0  # GELU
+    assert terms["embedding_shift"] == 768 and terms["position_centring"] == 1024
+    total = sum(terms.values())
+    assert 0.01 < total / parameter_count(c) < 0.012
