@@ -5,6 +5,8 @@ Attention and its symmetries
     :mod:`~gaugebook.rope`        rotary position embedding
     :mod:`~gaugebook.gauge`       the gauge group as objects acting on modules
     :mod:`~gaugebook.redundancy`  Jacobian-rank redundancy and the theory's prediction
+    :mod:`~gaugebook.gpt_redundancy`  the prediction for a whole GPT, term by term
+    :mod:`~gaugebook.projection`  the source's random-projection estimate and a sketched rank
     :mod:`~gaugebook.commutant`   commutants of matrix sets (the gauge that survives RoPE)
     :mod:`~gaugebook.linalg`      random group elements of a chosen condition number
 Training and breaking

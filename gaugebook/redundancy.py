@@ -26,7 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
 
-__all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "factor_redundancy"]
+__all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "parameter_function",
+           "factor_redundancy"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ def _to_float64(value):
     return value.double() if torch.is_tensor(value) and value.is_floating_point() else value
 
 
-def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
-    """``J [n_outputs, n_params]`` of ``model(*inputs)`` (first element of a tuple) with respect to
-    all trainable parameters, in float64, by ``torch.func`` (forward or reverse mode, whichever
-    needs fewer passes)."""
+def parameter_function(model: nn.Module, *inputs):
+    """``(f, theta)``: the model's output on ``inputs`` as a function ``f(theta) -> [n_outputs]`` of
+    the flat vector of all trainable parameters (in ``named_parameters()`` order), and the current
+    ``theta`` [n_params]; both in float64 (a float64 copy of the model, which stays untouched).
+    For a tuple output the first element is used."""
     model = copy.deepcopy(model).double()
     inputs = tuple(_to_float64(x) for x in inputs)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -60,7 +62,7 @@ def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
     if not params:
         raise ValueError(f"{type(model).__name__} has no trainable parameters")
     shapes, sizes = [p.shape for p in params], [p.numel() for p in params]
-    flat = torch.cat([p.reshape(-1) for p in params])
+    theta = torch.cat([p.reshape(-1) for p in params])
 
     def output(theta):  # [n_params] -> [n_outputs]
         chunks = theta.split(sizes)
@@ -68,6 +70,14 @@ def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
         y = functional_call(model, values, inputs)
         return (y[0] if isinstance(y, tuple) else y).reshape(-1)
 
+    return output, theta
+
+
+def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
+    """``J [n_outputs, n_params]`` of ``model(*inputs)`` (first element of a tuple) with respect to
+    all trainable parameters, in float64, by ``torch.func`` (forward or reverse mode, whichever
+    needs fewer passes)."""
+    output, flat = parameter_function(model, *inputs)
     with torch.no_grad():
         n_out = output(flat).numel()
     jac = jacfwd if flat.numel() <= n_out else jacrev

@@ -13,15 +13,6 @@ from gaugebook.redundancy import jacobian, predicted_redundancy, redundancy
 V, T = 11, 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny Jacobians: extra threads only add overhead (and contend on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def probe(config, seed, output="log_probs", rows_per_param=4):
     """A generic float64 model and tokens with ``rows_per_param`` times more outputs than
     parameters; seeds are tried from ``seed`` on until every MLP unit switches sign on at least 5%

@@ -1,0 +1,462 @@
+r"""Redundant directions of a whole GPT: the attention gauge of every layer, and what LayerNorm, the
+MLP and the tied embedding add (chapter 6).
+
+Importing this module registers :func:`gaugebook.redundancy.predicted_redundancy` for
+:class:`gaugebook.gpt.Block` (the block on its own, output the full residual stream),
+:class:`gaugebook.gpt.GPT` (output: logits) and :class:`LogProbabilities` (output: log-softmax of
+the logits, on which the loss depends). :func:`redundancy_terms` gives the count term by term from a
+:class:`~gaugebook.gpt.GPTConfig` alone, so that GPT-2 small is counted without being built;
+:func:`redundant_directions` builds the tangent vectors of every term for a model at hand.
+
+Notation: ``D`` = n_embd, ``H`` query heads, ``H_kv`` key/value heads in groups of ``G = H / H_kv``,
+head width ``d = D / H``, ``b = 1`` with biases (else 0), ``T`` = block_size, ``L`` layers.
+Every read from the residual stream goes through a LayerNorm ``y = gamma * n + beta`` whose
+normalised ``n`` has mean zero; so, per layer:
+
+* ``qk_gauge``, ``key_bias``, ``vo_gauge``, ``value_bias``: the attention count of
+  :mod:`gaugebook.redundancy`, with ``D - 1`` effective input (and, inside a GPT, output)
+  dimensions.
+* ``ln_gain``: ``gamma_i, beta_i -> s gamma_i, s beta_i`` with row ``i`` of every weight that reads
+  the LayerNorm divided by ``s``: ``D`` per LayerNorm.
+* ``ln_bias``: ``beta -> beta + delta`` with the readers' biases ``b -> b - delta W``: ``b D`` per
+  LayerNorm.
+* ``ln_centring``: ``W -> W + (1/gamma) u^T`` (with ``b -> b - (beta . 1/gamma) u``) changes nothing
+  because ``n . 1 = 0``: one direction per column of the readers, ``H d + 2 H_kv d`` after ``ln_1``,
+  ``4D`` after ``ln_2``.
+* ``residual_centring`` (inside a GPT only): every LayerNorm removes the mean, so what a layer
+  writes along ``1`` is invisible: ``W_O[h] -> W_O[h] + e_j 1^T``, ``b_O -> b_O + c 1``, likewise
+  the MLP's output projection: ``H d + b + 4D + b``. (A block on its own has only ``b``:
+  ``b_O + c 1`` with the MLP's output bias ``- c 1``, since ``ln_2`` does not see the shift.)
+* ``mlp_rescaling``: PReLU is positively homogeneous: hidden unit ``j``'s input weights and bias
+  times ``s > 0``, its output weights over ``s``: ``4D`` (GELU: none).
+
+and for the whole model:
+
+* ``position_centring``: ``wpe[t] -> wpe[t] + c_t 1`` (``T`` directions; none with RoPE).
+* ``embedding_shift``: ``wte -> wte + 1 w^T``, ``wpe -> wpe - 1 w^T`` leaves the residual stream as
+  it was and adds ``w . h`` to every logit alike, which log-softmax removes: ``D`` directions for
+  log-probabilities (1 with RoPE, where only ``w ~ 1`` is invisible at the input). For raw logits
+  only ``w = c / gamma_f`` without biases survives (1 direction; none with biases or RoPE).
+
+The count holds at generic weights with probe sequences of length ``T`` that use every token, and
+needs ``vocab_size > n_embd``. Two caveats are measured in chapter 6: GPT-2's initialisation
+(gains 1, biases 0) is not generic, and a PReLU unit whose input never changes sign on the probes
+is linear there and adds redundancy. ``gaugebook.gpt`` does not import this module: import it
+before calling ``predicted_redundancy`` on a GPT.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import SymmetryBreakingBias
+from gaugebook.gpt import GPT, Block, GPTConfig, PReLU
+from gaugebook.redundancy import factor_redundancy, predicted_redundancy
+
+__all__ = ["TERMS", "OUTPUTS", "LogProbabilities", "redundancy_terms", "block_terms",
+           "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
+
+TERMS = {
+    "qk_gauge": "GL(d_k) per key/value group on W_Q, b_Q, W_K, b_K (with RoPE: the commutant)",
+    "key_bias": "b_K cancels in the softmax",
+    "vo_gauge": "GL(d_v) per key/value group on W_V, b_V, W_O",
+    "value_bias": "b_V W_O is a constant that b_O absorbs",
+    "ln_gain": "LayerNorm gain (and bias) per feature against the rows of its readers",
+    "ln_bias": "LayerNorm bias against the biases of its readers",
+    "ln_centring": "readers' weights along 1/gamma (LayerNorm output has mean zero)",
+    "residual_centring": "writes along 1 into the residual stream (W_O, b_O, MLP output)",
+    "mlp_rescaling": "PReLU hidden-unit rescaling (positive homogeneity)",
+    "position_centring": "position embeddings along 1",
+    "embedding_shift": "one vector added to all token embeddings, removed from all positions",
+}
+OUTPUTS = ("log_probs", "logits")
+
+
+class LogProbabilities(nn.Module):
+    """``idx [B, T] -> log_softmax(logits) [B, T, V]``: the part of a GPT's output that the loss
+    (and every sampled token) depends on. Its only parameters are the GPT's."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        if not isinstance(gpt, GPT):
+            raise TypeError(f"LogProbabilities wraps a GPT, got {type(gpt).__name__}")
+        self.gpt = gpt
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.gpt(idx)  # (B, T, V)
+        return F.log_softmax(logits, dim=-1)
+
+
+def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activation: str,
+                rope: bool | str = False, symmetry_breaking: str | None = None, mu_v: float = 0.0,
+                in_gpt: bool = True) -> dict[str, int]:
+    """Redundant directions of one pre-LN block, term by term (keys of :data:`TERMS`).
+
+    ``in_gpt=True``: the block inside a GPT, where the mean of what it writes is invisible (every
+    later reader is a LayerNorm); ``in_gpt=False``: the block on its own, output ``[B, T, D]``.
+    With ``symmetry_breaking`` the count is for eval mode (the biases at their means): a learned
+    bias absorbs a fixed shift (no change); without learned biases a query shift ``s`` leaves of
+    ``GL(d)`` only ``{X : s X = 0}`` and a value shift removes ``min(H_kv d, D_out)`` directions.
+    """
+    D, H, Hkv, b = d_model, n_head, n_kv_head, int(bias)
+    d, G = D // H, H // Hkv
+    D_in = D - 1  # LayerNorm outputs span an affine hyperplane: D - 1 directions vary
+    D_out = D - 1 if in_gpt else D
+    breaks = symmetry_breaking is not None and not bias
+    if breaks and (rope or d > D_in):
+        raise ValueError("the count for symmetry-breaking biases without learned biases covers "
+                         "attention without RoPE and with d_head < n_embd")
+    if rope == "gated":
+        qk, key_bias = Hkv * (d // 2), 0  # per plane a real scalar; gates stop b_K cancelling
+    elif rope:
+        qk, key_bias = Hkv * d, 0  # per plane a complex scalar
+    elif breaks:
+        qk, key_bias = Hkv * (d * d - d), 0
+    else:
+        qk, key_bias = Hkv * factor_redundancy(G * (D_in + b), D_in, d), Hkv * b * d
+    vo = Hkv * factor_redundancy(D_in, G * D_out, d)
+    if breaks and symmetry_breaking == "bqv" and mu_v != 0.0:
+        vo -= min(Hkv * d, D_out)
+    gates = H * d + Hkv * d if rope == "gated" and not bias else 0  # bias-free readers of ln_1
+    return dict(
+        qk_gauge=qk, key_bias=key_bias, vo_gauge=vo, value_bias=Hkv * b * d,
+        ln_gain=2 * D, ln_bias=2 * b * D,
+        ln_centring=(H * d + 2 * Hkv * d + gates) + 4 * D,
+        residual_centring=(H * d + b + 4 * D + b) if in_gpt else b,
+        mlp_rescaling=4 * D if activation == "prelu" else 0,
+    )
+
+
+def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[str, int]:
+    """The count of redundant directions of ``GPT(config)`` at generic weights, term by term.
+
+    ``output="log_probs"`` counts for :class:`LogProbabilities`, ``"logits"`` for the GPT itself.
+    Keys are those of :data:`TERMS`; the values add up to :func:`predicted_redundancy`.
+    """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if config.vocab_size <= config.n_embd:
+        raise ValueError(f"the count assumes vocab_size > n_embd (got {config.vocab_size} <= "
+                         f"{config.n_embd}): otherwise the embedding has a null space of its own")
+    per_layer = block_terms(d_model=config.n_embd, n_head=config.n_head,
+                            n_kv_head=config.kv_heads, bias=config.bias,
+                            activation=config.activation, rope=config.rope,
+                            symmetry_breaking=config.symmetry_breaking, mu_v=config.mu_v)
+    terms = {name: config.n_layer * count for name, count in per_layer.items()}
+    terms["position_centring"] = 0 if config.rope else config.block_size
+    if output == "log_probs":
+        terms["embedding_shift"] = 1 if config.rope else config.n_embd
+    else:
+        terms["embedding_shift"] = int(not config.rope and not config.bias)
+    return terms
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Trainable parameters of ``GPT(config)`` (tied embedding once), without building it."""
+    D, H, Hkv, b = config.n_embd, config.n_head, config.kv_heads, int(config.bias)
+    d = config.head_size
+    attention = (H + Hkv) * D * d + Hkv * D * d + H * d * D + b * ((H + 2 * Hkv) * d + D)
+    if config.rope == "gated":
+        attention += (H + Hkv) * D * d
+    mlp = 2 * 4 * D * D + b * (4 * D + D) + (4 * D if config.activation == "prelu" else 0)
+    layernorms = 2 * (1 + b) * D
+    embeddings = config.vocab_size * D + (0 if config.rope else config.block_size * D)
+    return embeddings + config.n_layer * (attention + mlp + layernorms) + (1 + b) * D
+
+
+def _check_deterministic(model: nn.Module) -> None:
+    if any(isinstance(m, SymmetryBreakingBias) and m.training for m in model.modules()):
+        raise ValueError("in training mode the symmetry-breaking biases are redrawn at every call, "
+                         "so the function is random: call .eval() (the count is for the means)")
+
+
+def _block_shape(block: Block) -> dict:
+    a = block.attn
+    return dict(d_model=a.d_model, n_head=a.n_heads, n_kv_head=a.n_kv_heads, bias=a.has_bias,
+                activation="prelu" if isinstance(block.mlp.act, PReLU) else "gelu", rope=a.rope,
+                symmetry_breaking=None if block.breaking is None else block.breaking.mode,
+                mu_v=0.0 if block.breaking is None else block.breaking.mu_v)
+
+
+@predicted_redundancy.register
+def _(block: Block) -> int:
+    """One block on its own (output: the residual stream after the block, mean included)."""
+    _check_deterministic(block)
+    return sum(block_terms(**_block_shape(block), in_gpt=False).values())
+
+
+@predicted_redundancy.register
+def _(model: GPT) -> int:
+    """The GPT's own output, the logits."""
+    _check_deterministic(model)
+    return sum(redundancy_terms(model.config, output="logits").values())
+
+
+@predicted_redundancy.register
+def _(model: LogProbabilities) -> int:
+    """Log-probabilities: ``D`` more than the logits (``embedding_shift``)."""
+    _check_deterministic(model)
+    return sum(redundancy_terms(model.gpt.config, output="log_probs").values())
+
+
+class _Directions:
+    """Builds tangent vectors in the flat parameter order of ``model.named_parameters()``."""
+
+    def __init__(self, model: nn.Module, root: str):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.root = root  # "gpt." inside LogProbabilities
+        self.values = {n: p.detach().double() for n, p in named}
+        self.offsets, start = {}, 0
+        for n, p in named:
+            self.offsets[n] = (start, p.shape)
+            start += p.numel()
+        self.n_params = start
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.values[self.root + name]
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.values.get(self.root + name)
+
+    def vector(self, deltas: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One direction from ``{parameter name: change of that parameter (broadcastable)}``."""
+        v = torch.zeros(self.n_params, dtype=torch.float64)
+        for name, delta in deltas.items():
+            start, shape = self.offsets[self.root + name]
+            v[start:start + shape.numel()] += delta.expand(shape).reshape(-1)
+        return v
+
+
+def _unit(shape, index) -> torch.Tensor:
+    e = torch.zeros(shape, dtype=torch.float64)
+    e[index] = 1.0
+    return e
+
+
+def _qk_basis(d: int, rope: bool) -> list[torch.Tensor]:
+    """Basis of gl(d), or of the commutant of the RoPE rotations (planes ``(i, i + d/2)``)."""
+    if not rope:
+        return list(torch.eye(d * d, dtype=torch.float64).reshape(d * d, d, d))
+    half, basis = d // 2, []
+    for i in range(half):
+        S = _unit((d, d), (i, i)) + _unit((d, d), (i + half, i + half))  # scaling of the plane
+        R = _unit((d, d), (i, i + half)) - _unit((d, d), (i + half, i))  # rotation generator
+        basis += [S, R]
+    return basis
+
+
+def _attention_directions(space: _Directions, prefix: str,
+                          a: MultiHeadAttention) -> dict[str, list]:
+    """Per key/value group: the QK and VO Lie algebras (``M = I + tE``, ``M^{-T} = I - tE^T``) and
+    the bias translations."""
+    W = {n: space[f"{prefix}.{n}"] for n in ("W_Q", "W_K", "W_V", "W_O")}
+    B = {n: space[f"{prefix}.{n}"] for n in ("b_Q", "b_K", "b_V")} if a.has_bias else {}
+    G, d, dv = a.group_size, a.d_head, a.d_value
+    out = dict(qk_gauge=[], key_bias=[], vo_gauge=[], value_bias=[])
+
+    def direction(changes):
+        return space.vector({f"{prefix}.{n}": t for n, t in changes.items()})
+
+    def in_rows(x, rows, value):  # a zero tensor shaped like x with x[rows] = value
+        y = torch.zeros_like(x)
+        y[rows] = value
+        return y
+
+    for g in range(a.n_kv_heads):
+        heads = slice(g * G, (g + 1) * G)
+        for E in _qk_basis(d, bool(a.rope)):
+            change = dict(W_Q=in_rows(W["W_Q"], heads, W["W_Q"][heads] @ E),
+                          W_K=in_rows(W["W_K"], g, -W["W_K"][g] @ E.T))
+            if B:
+                change.update(b_Q=in_rows(B["b_Q"], heads, B["b_Q"][heads] @ E),
+                              b_K=in_rows(B["b_K"], g, -B["b_K"][g] @ E.T))
+            out["qk_gauge"].append(direction(change))
+        for E in _qk_basis(dv, False):
+            change = dict(W_V=in_rows(W["W_V"], g, W["W_V"][g] @ E),
+                          W_O=in_rows(W["W_O"], heads, -E @ W["W_O"][heads]))
+            if B:
+                change["b_V"] = in_rows(B["b_V"], g, B["b_V"][g] @ E)
+            out["vo_gauge"].append(direction(change))
+        if not B:
+            continue
+        if not a.rope:  # b_K adds the same score to every key of a query
+            out["key_bias"] += [direction(dict(b_K=_unit(B["b_K"].shape, (g, i))))
+                                for i in range(d)]
+        for i in range(dv):  # b_V W_O is a constant output: b_O takes it
+            out["value_bias"].append(direction(dict(b_V=_unit(B["b_V"].shape, (g, i)),
+                                                    b_O=-W["W_O"][heads, i, :].sum(0))))
+    return out
+
+
+def _layernorm_directions(space: _Directions, prefix: str, which: str) -> dict[str, list]:
+    """Gain, bias and centring directions of ``ln_1`` (read by W_Q, W_K, W_V) or ``ln_2`` (read
+    by the MLP's input layer). Readers are viewed as ``[n, D, columns]`` weights and
+    ``[n, columns]`` biases."""
+    if which == "ln_1":
+        readers = [(f"{prefix}.attn.W_{x}", f"{prefix}.attn.b_{x}", False) for x in "QKV"]
+    else:
+        readers = [(f"{prefix}.mlp.c_fc.weight", f"{prefix}.mlp.c_fc.bias", True)]
+    gamma, beta = space[f"{prefix}.{which}.weight"], space.get(f"{prefix}.{which}.bias")
+    D = gamma.numel()
+
+    def as_reader(x, transposed):  # (n, D, columns)
+        x = x.T if transposed else x
+        return x if x.ndim == 3 else x[None]
+
+    def from_reader(x, name, transposed):  # back to the parameter's own shape
+        shape = space[name].shape
+        return x[0].T if transposed else x.reshape(shape)
+
+    out = dict(ln_gain=[], ln_bias=[], ln_centring=[])
+    for i in range(D):  # (gamma_i, beta_i) times s, row i of every reader over s
+        e = _unit(D, i)
+        change = {f"{prefix}.{which}.weight": e * gamma}
+        if beta is not None:
+            change[f"{prefix}.{which}.bias"] = e * beta
+        for w_name, _, tr in readers:
+            Wr = as_reader(space[w_name], tr)
+            change[w_name] = from_reader(-e[None, :, None] * Wr, w_name, tr)
+        out["ln_gain"].append(space.vector(change))
+        if beta is not None:  # beta_i + 1, every reader's bias minus row i of its weight
+            change = {f"{prefix}.{which}.bias": e}
+            for w_name, b_name, tr in readers:
+                change[b_name] = -as_reader(space[w_name], tr)[:, i, :].reshape(space[b_name].shape)
+            out["ln_bias"].append(space.vector(change))
+    offset = 0.0 if beta is None else (beta / gamma).sum()  # y . (1/gamma) = beta . (1/gamma)
+    for w_name, b_name, tr in readers:  # column j of a reader plus 1/gamma
+        n, _, columns = as_reader(space[w_name], tr).shape
+        for k in range(n):
+            for j in range(columns):
+                dW = torch.zeros(n, D, columns, dtype=torch.float64)
+                dW[k, :, j] = 1.0 / gamma
+                change = {w_name: from_reader(dW, w_name, tr)}
+                if beta is not None:
+                    change[b_name] = -offset * _unit((n, columns), (k, j)).reshape(
+                        space[b_name].shape)
+                out["ln_centring"].append(space.vector(change))
+    return out
+
+
+def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tensor]:
+    """Tangent vectors of every term of :func:`redundancy_terms`, as ``{term: [n_params, k]}``.
+
+    Rows follow the flat parameter order of ``model.named_parameters()`` (that of
+    :func:`gaugebook.redundancy.jacobian`), so ``jacobian(model, idx) @ V`` should vanish for every
+    term, and all columns together should span the Jacobian's null space. Each column is the
+    derivative of a one-parameter family of symmetries at the identity. Covers learned positions
+    and RoPE, not gated RoPE or symmetry-breaking biases.
+    """
+    gpt = model.gpt if isinstance(model, LogProbabilities) else model
+    if not isinstance(gpt, GPT):
+        raise TypeError(f"expected a GPT or LogProbabilities, got {type(model).__name__}")
+    c = gpt.config
+    if c.rope == "gated" or c.symmetry_breaking is not None:
+        raise ValueError("redundant_directions covers learned positions and RoPE without "
+                         "symmetry-breaking biases")
+    space = _Directions(model, "gpt." if isinstance(model, LogProbabilities) else "")
+    cols = {name: [] for name in TERMS}
+    D, V, T = c.n_embd, c.vocab_size, c.block_size
+    ones = torch.ones(D, dtype=torch.float64)
+    for i, block in enumerate(gpt.blocks):
+        p = f"blocks.{i}"
+        for name, vs in _attention_directions(space, f"{p}.attn", block.attn).items():
+            cols[name] += vs
+        for which in ("ln_1", "ln_2"):
+            for name, vs in _layernorm_directions(space, p, which).items():
+                cols[name] += vs
+        W_O, W2 = space[f"{p}.attn.W_O"], space[f"{p}.mlp.c_proj.weight"]  # (H, dv, D), (D, 4D)
+        written = [{f"{p}.attn.W_O": _unit(W_O.shape, (h, j))}
+                   for h in range(W_O.shape[0]) for j in range(W_O.shape[1])]
+        written += [{f"{p}.mlp.c_proj.weight": _unit(W2.shape, (slice(None), j))}
+                    for j in range(W2.shape[1])]
+        if c.bias:
+            written += [{f"{p}.attn.b_O": ones}, {f"{p}.mlp.c_proj.bias": ones}]
+        cols["residual_centring"] += [space.vector(change) for change in written]
+        if c.activation == "prelu":  # unit j: input weights and bias times s, output weights / s
+            W1, b1 = space[f"{p}.mlp.c_fc.weight"], space.get(f"{p}.mlp.c_fc.bias")
+            for j in range(W1.shape[0]):
+                e = _unit(W1.shape[0], j)
+                change = {f"{p}.mlp.c_fc.weight": e[:, None] * W1,
+                          f"{p}.mlp.c_proj.weight": -e[None, :] * W2}
+                if b1 is not None:
+                    change[f"{p}.mlp.c_fc.bias"] = e * b1
+                cols["mlp_rescaling"].append(space.vector(change))
+    if not c.rope:
+        cols["position_centring"] = [space.vector({"wpe.weight": _unit((T, D), t)})
+                                     for t in range(T)]
+    if isinstance(model, LogProbabilities):
+        shifts = [ones] if c.rope else list(torch.eye(D, dtype=torch.float64))
+    else:
+        shifts = [] if c.rope or c.bias else [1.0 / space["ln_f.weight"]]
+    for w in shifts:  # every token embedding + w, every position embedding - w
+        change = {"wte.weight": w.expand(V, D)}
+        if not c.rope:
+            change["wpe.weight"] = -w.expand(T, D)
+        cols["embedding_shift"].append(space.vector(change))
+    return {name: torch.stack(vs, dim=1) if vs else torch.zeros(space.n_params, 0,
+                                                                 dtype=torch.float64)
+            for name, vs in cols.items()}
+
+
+@torch.no_grad()
+def make_generic_(model: nn.Module, *, generator: torch.Generator | None = None,
+                  bias_std: float = 0.1) -> nn.Module:
+    """Overwrite every parameter of a GPT (or block) with a generic value, in place; returns it.
+
+    GPT-2's initialisation is a special point: LayerNorm gains all 1 and all biases 0 give the
+    network extra symmetries (chapter 6). Here weights are ``N(0, 1/fan_in)``, LayerNorm gains
+    uniform in ``[0.5, 1.5]``, PReLU slopes uniform in ``[0.1, 0.4]``, biases ``N(0, bias_std^2)``
+    (small, so that every PReLU unit's input takes both signs on typical data).
+    """
+    def draw(shape, scale=1.0):
+        return scale * torch.randn(shape, generator=generator, dtype=torch.float64)
+
+    def uniform(shape, low, high):
+        return low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
+
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.weight.copy_(uniform(module.weight.shape, 0.5, 1.5))
+            if module.bias is not None:
+                module.bias.copy_(draw(module.bias.shape, bias_std))
+        elif isinstance(module, PReLU):
+            module.weight.copy_(uniform(module.weight.shape, 0.1, 0.4))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            fan_in = module.weight.shape[-1]
+            module.weight.copy_(draw(module.weight.shape, fan_in ** -0.5))
+            if getattr(module, "bias", None) is not None:
+                module.bias.copy_(draw(module.bias.shape, bias_std))
+        elif isinstance(module, MultiHeadAttention):
+            for name, p in module.named_parameters():
+                if name.startswith("b_"):
+                    p.copy_(draw(p.shape, bias_std))
+                else:
+                    fan_in = p.shape[-2]
+                    p.copy_(draw(p.shape, fan_in ** -0.5))
+    return model
+
+
+@torch.no_grad()
+def positive_fraction(model: GPT | LogProbabilities, idx: torch.Tensor) -> torch.Tensor:
+    """``[n_layer, 4 n_embd]``: for each MLP hidden unit, the fraction of the probe positions
+    ``idx [B, T]`` at which its input is positive.
+
+    The count of :func:`redundancy_terms` assumes every PReLU unit is nonlinear on the probes,
+    i.e. its input takes both signs there (a fraction strictly between 0 and 1, and not at a
+    handful of positions only); a unit that never switches is linear on the probes and adds
+    redundant directions.
+    """
+    gpt = model.gpt if isinstance(model, LogProbabilities) else model
+    inputs = []
+    hooks = [block.mlp.c_fc.register_forward_hook(lambda mod, args, out: inputs.append(out))
+             for block in gpt.blocks]
+    try:
+        gpt(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack([(z > 0).flatten(0, 1).double().mean(0) for z in inputs])  # (L, 4D)

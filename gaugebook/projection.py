@@ -1,0 +1,138 @@
+r"""Estimating redundancy from random directions in parameter space (source section 12.2).
+
+The source's method: draw ``k`` random directions ``v_1, ..., v_k``, measure how much the output
+changes along each, and read off the redundant dimension. :func:`zero_change_estimate` does this
+literally: the first-order change along ``v`` is ``J v`` (``J`` the Jacobian of the outputs with
+respect to the parameters), and the estimate is ``P * (fraction of directions with J v = 0)``.
+The null space of ``J`` is a proper subspace, of measure zero, so a random direction lies in it with
+probability zero: the estimate is 0 whatever the redundancy.
+
+What random directions *can* do is sketch the Jacobian: ``Y = J Omega`` for a Gaussian
+``Omega [P, k]`` has ``rank(Y) = min(k, rank J)`` with probability one (the range finder of
+randomized SVD, Halko, Martinsson and Tropp 2011). :func:`sketched_rank` computes ``Y`` with ``k``
+forward-mode products. ``rank(Y)`` is always a lower bound on ``rank J`` (so ``P - rank(Y)`` an
+upper bound on the redundancy); once ``rank(Y) < k`` the sketch has saturated and the two are equal.
+Because the redundancy is a small fraction of ``P``, saturation needs ``k > rank J``, nearly ``P``
+products: no cheaper than the exact Jacobian for counting, but any budget ``k`` certifies
+``rank J >= rank(Y)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import jvp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from gaugebook.redundancy import parameter_function
+
+__all__ = ["ZeroChangeEstimate", "SketchedRank", "directional_changes", "zero_change_estimate",
+           "sketched_rank", "sketch"]
+
+
+@dataclass(frozen=True)
+class ZeroChangeEstimate:
+    """Result of :func:`zero_change_estimate`: ``estimate = n_params * n_zero / n_directions``."""
+
+    n_params: int
+    n_directions: int
+    changes: torch.Tensor  # [k] ||J v_i|| for unit directions v_i
+    threshold: float
+    n_zero: int
+    estimate: float
+
+
+@dataclass(frozen=True)
+class SketchedRank:
+    """Result of :func:`sketched_rank` for the sketch ``Y = J Omega`` with ``n_columns`` columns."""
+
+    n_params: int
+    n_columns: int
+    rank: int
+    singular_values: torch.Tensor  # of Y, descending
+    tolerance: float
+    gap: float
+
+    @property
+    def saturated(self) -> bool:
+        """``rank(Y) < k``: then ``rank(Y) = rank(J)`` (with probability one over ``Omega``)."""
+        return self.rank < self.n_columns
+
+    @property
+    def redundancy_bound(self) -> int:
+        """``P - rank(Y)``: at least the redundancy, equal to it when :attr:`saturated`."""
+        return self.n_params - self.rank
+
+
+def _unit_directions(n_params: int, k: int, generator) -> torch.Tensor:
+    v = torch.randn(k, n_params, generator=generator, dtype=torch.float64)
+    return v / v.norm(dim=1, keepdim=True)  # (k, P)
+
+
+def sketch(model: nn.Module, *inputs, directions: torch.Tensor, chunk: int = 128) -> torch.Tensor:
+    """``J V^T [n_outputs, k]`` for ``directions V [k, n_params]``: one forward-mode product
+    (``torch.func.jvp``) per direction, batched ``chunk`` at a time, in float64."""
+    output, theta = parameter_function(model, *inputs)
+    if directions.ndim != 2 or directions.shape[1] != theta.numel():
+        raise ValueError(f"directions must have shape [k, n_params={theta.numel()}], "
+                         f"got {tuple(directions.shape)}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk}")
+
+    def along(v):  # J v
+        return jvp(output, (theta,), (v,))[1]
+
+    columns = []
+    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernels lack forward-mode and vmap rules
+        for block in directions.double().split(chunk):
+            columns.append(vmap(along)(block))  # (chunk, n_outputs)
+    return torch.cat(columns).T
+
+
+def directional_changes(model: nn.Module, *inputs, directions: torch.Tensor) -> torch.Tensor:
+    """``||J v_i|| / ||v_i||`` for each row ``v_i`` of ``directions [k, n_params]``: the first-order
+    output change per unit step along ``v_i``."""
+    Y = sketch(model, *inputs, directions=directions)  # (n_outputs, k)
+    return Y.norm(dim=0) / directions.double().norm(dim=1)
+
+
+def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: float = 1e-8,
+                         generator: torch.Generator | None = None) -> ZeroChangeEstimate:
+    """The source's random-projection estimate, read literally.
+
+    Draws ``n_directions`` Gaussian unit directions, measures ``||J v_i||`` and counts as
+    "redundant" those with ``||J v_i|| <= rtol * max_j ||J v_j||``; the estimate of the redundant
+    dimension is that fraction of ``n_params``. (The source's step "apply a gauge transformation
+    to each direction" has no definite meaning for a random direction and is not done.)
+    """
+    if n_directions < 1:
+        raise ValueError(f"n_directions must be a positive integer, got {n_directions}")
+    _, theta = parameter_function(model, *inputs)
+    V = _unit_directions(theta.numel(), n_directions, generator)
+    changes = directional_changes(model, *inputs, directions=V)
+    threshold = rtol * changes.max().item()
+    n_zero = int((changes <= threshold).sum())
+    return ZeroChangeEstimate(theta.numel(), n_directions, changes, threshold, n_zero,
+                              theta.numel() * n_zero / n_directions)
+
+
+def sketched_rank(model: nn.Module, *inputs, n_columns: int, rtol: float | None = None,
+                  generator: torch.Generator | None = None, chunk: int = 128) -> SketchedRank:
+    """Numerical rank of ``Y = J Omega`` for a Gaussian ``Omega [n_params, n_columns]``.
+
+    Tolerance as in :func:`gaugebook.redundancy.redundancy`: singular values of ``Y`` at most
+    ``rtol * s_max`` with ``rtol = max(Y.shape) * eps_float64`` count as zero; ``gap`` is the ratio
+    of the last kept to the first dropped singular value (infinite when none is dropped).
+    """
+    if n_columns < 1:
+        raise ValueError(f"n_columns must be a positive integer, got {n_columns}")
+    _, theta = parameter_function(model, *inputs)
+    omega = torch.randn(n_columns, theta.numel(), generator=generator, dtype=torch.float64)
+    Y = sketch(model, *inputs, directions=omega, chunk=chunk)  # (n_outputs, k)
+    s = torch.linalg.svdvals(Y)
+    rtol = max(Y.shape) * torch.finfo(torch.float64).eps if rtol is None else rtol
+    tol = rtol * s[0].item()
+    rank = int((s > tol).sum())
+    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else float("inf")
+    return SketchedRank(theta.numel(), n_columns, rank, s, tol, gap)
