@@ -244,6 +244,6 @@ class ChargeDriftExplorer(widgets.VBox):
         self.readout.value = (
             f"<b>scale {s:g}, spread {w:g}</b> ({kind}), leapfrog for time {self.grid.time:g}: "
             f"the weights moved by <b>{r['weights']:.0%}</b>.<br>"
-            f"Full charge \\(J\\): relative change <b>{r['J']:.1e}</b>, {_verdict(r['J'])}.<br>"
-            f"Stabiliser part \\(PJP\\): relative change <b>{r['PJP']:.1e}</b>, "
+            f"Full charge <i>J</i>: relative change <b>{r['J']:.1e}</b>, {_verdict(r['J'])}.<br>"
+            f"Stabiliser part <i>PJP</i>: relative change <b>{r['PJP']:.1e}</b>, "
             f"{_verdict(r['PJP'])}.")
