@@ -53,7 +53,7 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.linalg import DTYPE
 
 __all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
-           "Sectors", "charges", "flow_invariants"]
+           "Sectors", "charges", "flow_invariants", "grouped_weights"]
 
 
 def _T(x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +166,9 @@ def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
     return out
 
 
-def _weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
+def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
+    """The layer's weights per key/value group in float64, with learned biases as an extra input
+    row (the augmented form on which the charges and orbit tangents are computed)."""
     return _group_weights(m, lambda n: getattr(m, n).detach().to(DTYPE))
 
 
@@ -186,7 +188,7 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
         absent = [prefix + n for n in names if prefix + n not in p]
         if absent:
             raise ValueError(f"no momentum given for {absent}")
-        W = _weights(m)
+        W = grouped_weights(m)
         P = _group_weights(m, lambda n: p[prefix + n].detach().to(DTYPE))
         result[path] = Sectors(_rope_projection(qk_charge(W["Q"], W["K"], P["Q"], P["K"]), m),
                                vo_charge(W["V"], W["O"], P["V"], P["O"]))
@@ -199,7 +201,7 @@ def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
     (sums over the query heads of the group)."""
     result = {}
     for path, m in attention_modules(model):
-        W = _weights(m)
+        W = grouped_weights(m)
         result[path] = Sectors(_rope_projection(qk_flow_invariant(W["Q"], W["K"]), m),
                                vo_flow_invariant(W["V"], W["O"]))
     return result

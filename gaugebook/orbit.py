@@ -38,7 +38,7 @@ import torch
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
 from gaugebook.linalg import DTYPE
-from gaugebook.mechanics import _weights
+from gaugebook.mechanics import grouped_weights
 
 __all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
            "balancing_element"]
@@ -189,7 +189,7 @@ def balancing_element(m: MultiHeadAttention) -> GaugeElement:
         raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
     if m.rope:
         raise ValueError("balancing_element needs a layer without RoPE")
-    W = _weights(m)  # augmented and grouped per key/value head
+    W = grouped_weights(m)  # augmented and grouped per key/value head
     M = _balancing_matrix(W["Q"], W["K"], "the query/key pair")
     N = _balancing_matrix(W["V"], W["O"].mT, "the value/output pair")
     return GaugeElement([QKTransform(M), VOTransform(N)])
