@@ -26,7 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
 
-__all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "parameter_function",
+__all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "FlatModel",
+           "parameter_function",
            "factor_redundancy"]
 
 
@@ -46,8 +47,43 @@ class Redundancy:
                 f"{self.dimension} (spectral gap {self.gap:.2g})")
 
 
-def _to_float64(value):
-    return value.double() if torch.is_tensor(value) and value.is_floating_point() else value
+class FlatModel:
+    """A float64 copy of ``model`` called as a function of the flat vector ``theta`` of all its
+    trainable parameters (``named_parameters()`` order): ``flat(theta) = model(*inputs)``.
+
+    The model is deep-copied (the original stays untouched); floating-point inputs are cast to
+    float64. ``theta`` holds the current parameters.
+    """
+
+    def __init__(self, model: nn.Module, *inputs):
+        self.model = copy.deepcopy(model).double()
+        self.inputs = tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x
+                            for x in inputs)
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(f"{type(model).__name__} has no trainable parameters")
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.theta = torch.cat([p.detach().reshape(-1) for _, p in named])
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Split ``theta [..., n_params]`` into named tensors ``[..., *shape]`` (leading
+        dimensions batch several vectors)."""
+        if theta.shape[-1:] != self.theta.shape:
+            raise ValueError(f"expected vectors of length {self.theta.numel()}, "
+                             f"got shape {tuple(theta.shape)}")
+        batch = theta.shape[:-1]
+        return {n: c.reshape(*batch, *s)
+                for n, c, s in zip(self.names, theta.split(self.sizes, dim=-1), self.shapes)}
+
+    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Inverse of :meth:`unflatten`."""
+        batch = params[self.names[0]].shape[:params[self.names[0]].ndim - len(self.shapes[0])]
+        return torch.cat([params[n].reshape(*batch, -1) for n in self.names], dim=-1)
+
+    def __call__(self, theta: torch.Tensor):
+        return functional_call(self.model, self.unflatten(theta), self.inputs)
 
 
 def parameter_function(model: nn.Module, *inputs):
@@ -55,22 +91,13 @@ def parameter_function(model: nn.Module, *inputs):
     the flat vector of all trainable parameters (in ``named_parameters()`` order), and the current
     ``theta`` [n_params]; both in float64 (a float64 copy of the model, which stays untouched).
     For a tuple output the first element is used."""
-    model = copy.deepcopy(model).double()
-    inputs = tuple(_to_float64(x) for x in inputs)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = [p.detach() for n, p in model.named_parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(f"{type(model).__name__} has no trainable parameters")
-    shapes, sizes = [p.shape for p in params], [p.numel() for p in params]
-    theta = torch.cat([p.reshape(-1) for p in params])
+    flat = FlatModel(model, *inputs)
 
     def output(theta):  # [n_params] -> [n_outputs]
-        chunks = theta.split(sizes)
-        values = {n: c.view(s) for n, c, s in zip(names, chunks, shapes)}
-        y = functional_call(model, values, inputs)
+        y = flat(theta)
         return (y[0] if isinstance(y, tuple) else y).reshape(-1)
 
-    return output, theta
+    return output, flat.theta
 
 
 def jacobian(model: nn.Module, *inputs) -> torch.Tensor:

@@ -43,18 +43,19 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jvp
+from torch.func import grad, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
 from gaugebook.linalg import DTYPE
+from gaugebook.redundancy import FlatModel
 
 __all__ = ["FlatLoss", "hessian_vector_product", "hessian", "top_eigenvalue", "TopEigen",
            "hutchinson_trace", "TraceEstimate", "OrbitMinimum", "minimise_over_orbit"]
 
 
-class FlatLoss:
+class FlatLoss(FlatModel):
     """``f(theta) = loss(model(*inputs))`` as a function of the flat float64 parameter vector.
 
     ``model`` is deep-copied and cast to float64 (inputs too, where floating point); ``loss``
@@ -63,36 +64,11 @@ class FlatLoss:
     """
 
     def __init__(self, model: nn.Module, loss: Callable, *inputs):
-        self.model = copy.deepcopy(model).double()
-        self.inputs = tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x
-                            for x in inputs)
+        super().__init__(model, *inputs)
         self.loss = loss
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError(f"{type(model).__name__} has no trainable parameters")
-        self.names = [n for n, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.sizes = [p.numel() for _, p in named]
-        self.theta = torch.cat([p.detach().reshape(-1) for _, p in named])
-
-    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Split ``theta [..., n_params]`` into named tensors ``[..., *shape]`` (leading
-        dimensions batch several vectors)."""
-        if theta.shape[-1:] != self.theta.shape:
-            raise ValueError(f"expected vectors of length {self.theta.numel()}, "
-                             f"got shape {tuple(theta.shape)}")
-        batch = theta.shape[:-1]
-        return {n: c.reshape(*batch, *s)
-                for n, c, s in zip(self.names, theta.split(self.sizes, dim=-1), self.shapes)}
-
-    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Inverse of :meth:`unflatten`."""
-        batch = params[self.names[0]].shape[:params[self.names[0]].ndim - len(self.shapes[0])]
-        return torch.cat([params[n].reshape(*batch, -1) for n in self.names], dim=-1)
 
     def __call__(self, theta: torch.Tensor) -> torch.Tensor:
-        out = functional_call(self.model, self.unflatten(theta), self.inputs)
-        value = self.loss(out)
+        value = self.loss(super().__call__(theta))
         if not torch.is_tensor(value) or value.ndim != 0:
             raise ValueError("loss must return a scalar tensor")
         return value
