@@ -80,7 +80,11 @@ def trainer_tokens_per_s(size: dict, steps: int, device, *, compile=True, bf16=T
 
 
 def optimizer_step_times(size: dict, device, reps: int) -> dict:
-    """Median seconds of one ECD and one AdamW step on identical parameters and gradients."""
+    """Median seconds of one ECD and one AdamW step on identical parameters and gradients.
+
+    The model is the GPU benchmark's on every device (the step's cost grows with the number of
+    parameters); on a CPU the gradients come from a smaller batch."""
+    size = dict(SIZES["cuda"], batch_size=size["batch_size"])
     corpus = DefaultCorpus(seed=0)
     config = GPTConfig(corpus.vocab_size, size["block_size"], size["n_layer"], size["n_head"],
                        size["n_embd"], activation="prelu")
@@ -100,7 +104,8 @@ def optimizer_step_times(size: dict, device, reps: int) -> dict:
             opt.step(lambda: loss)  # gradients stay in .grad: this times the update alone
             _sync(device)
             times.append(time.perf_counter() - t)
-        out[name] = {"step_s": statistics.median(times[3:]),
+        out[name] = {"step_s": statistics.median(times[3:]), "fused": name == "adamw" and
+                     bool(opt.defaults.get("fused")),
                      "state_bytes": optimizer_state_bytes(opt),
                      "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     out["ecd_over_adamw_step_time"] = out["ecd"]["step_s"] / out["adamw"]["step_s"]

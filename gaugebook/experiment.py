@@ -172,19 +172,37 @@ def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
 
 # ----------------------------------------------------------------------------- provenance
 
-def provenance(device: torch.device) -> dict:
-    """Where and with what a result was produced."""
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).parent, check=True).stdout.strip()
+
+
+def _cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux) and its number of cores."""
+    name = platform.processor()
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name or 'cpu'} ({os.cpu_count()} cores)"
+
+
+def provenance(device: torch.device) -> dict:
+    """Where and with what a result was produced. ``git_dirty``: tracked files differed from the
+    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``)."""
+    try:
+        commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
+                                                            "--untracked-files=no"))
     except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("GAUGEBOOK_COMMIT", "unknown")
+        commit, dirty = os.environ.get("GAUGEBOOK_COMMIT", "unknown"), None
     return {
         "git_commit": commit,
+        "git_dirty": dirty,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "hostname_platform": platform.platform(),
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -150,6 +150,7 @@ class ECD(Optimizer):
         self._generator.manual_seed(int(torch.randint(0, 2**62, ())))
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
+        self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
 
     @staticmethod
@@ -237,13 +238,18 @@ class ECD(Optimizer):
                 for j, view in zip(idx, flat.split([params[j].numel() for j in idx]))]
 
     def _attach(self, flat: dict[torch.dtype, torch.Tensor]) -> None:
-        """Make ``state[p]["velocity"]`` the views of ``p``'s slice of the flat buffers (the
-        parameter groups are fixed from now on, so their layout is kept too)."""
-        self._flat, self._layout = flat, self._slices()
+        """Make ``state[p]["velocity"]`` the views of ``p``'s slice of the flat buffers. The
+        parameter groups are fixed from now on, so their layout is kept, with each slice's
+        parameters and velocity views (the fast path then builds no lists per step)."""
+        self._flat, self._layout = flat, []
         params = self._params()
         for dtype, idx in self._buckets().items():
             for j, view in zip(idx, self._views(flat[dtype], idx)):
                 self.state[params[j]]["velocity"] = view
+        for group, dtype, start, stop, idx in self._slices():
+            members = [params[j] for j in idx]
+            velocities = [self.state[p]["velocity"] for p in members]
+            self._layout.append((group, dtype, start, stop, idx, members, velocities))
 
     def _noise(self) -> dict[torch.dtype, torch.Tensor]:
         """z ~ N(0, I), one flat vector per dtype, from the optimizer's own generator."""
@@ -313,9 +319,13 @@ class ECD(Optimizer):
             grads.append(torch.zeros_like(p) if p.grad is None else p.grad)
         return grads
 
-    def _concatenate(self, tensors: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
-        return {dtype: torch.cat([tensors[j].reshape(-1) for j in idx])
+    def _concatenate(self, tensors: list[torch.Tensor],
+                     out: dict[torch.dtype, torch.Tensor] | None = None):
+        """One flat copy of ``tensors`` per dtype, written into ``out[dtype]`` when given."""
+        flat = {dtype: [tensors[j].reshape(-1) for j in idx]
                 for dtype, idx in self._buckets().items()}
+        return {dtype: torch.cat(ts) if out is None else torch.cat(ts, out=out[dtype])
+                for dtype, ts in flat.items()}
 
     def _gather_reference(self, first: bool, per_tensor: bool):
         """Gradients ``g + wd theta`` per tensor, the L2 term, and one dot product per tensor."""
@@ -335,9 +345,14 @@ class ECD(Optimizer):
         """The same with flat gradients: one dot product per dtype (global projection) or per
         tensor (per-tensor projection)."""
         params = self._params()
-        grads = self._concatenate(self._raw_gradients())  # copies: safe to modify
+        grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
+        if params[0].device.type == "cpu":
+            # A CPU allocator hands large blocks back to the system, so a fresh buffer per step
+            # costs page faults (more than the copy): keep it. CUDA's caching allocator reuses
+            # the block by itself, and a kept buffer would raise the peak memory of training.
+            self._workspace = grads
         penalty = torch.zeros((), dtype=torch.float64, device=params[0].device)
-        for group, dtype, start, stop, idx in self._layout or self._slices():
+        for group, dtype, start, stop, idx, *_ in self._layout or self._slices():
             if group["weight_decay"] != 0:
                 members = [params[j] for j in idx]
                 torch._foreach_add_(self._views(grads[dtype][start:stop], idx), members,
@@ -383,29 +398,40 @@ class ECD(Optimizer):
             v.div_(speed)
 
     def _update_foreach(self, grads, v_dot_g, kick, chaos) -> None:
-        """The same update on the flat buffers: a few kernels per (group, dtype) slice."""
-        params, sqrt_eta = self._params(), math.sqrt(float(self._shared("eta")))
-        for group, dtype, start, stop, idx in self._layout:
+        """The same update on the flat buffers, a few kernels per (group, dtype) slice.
+
+        Global projection: the kicked velocity ``a v - c g`` (``a = 1 + c v.g``) is formed in one
+        pass as ``s * lerp(v, g, -c/s)`` with ``s = a - c``; the buffer keeps the lerp, the drift
+        and the normalisation apply the factor ``s``. (When ``s`` is near zero, two passes.)"""
+        sqrt_eta, slices = math.sqrt(float(self._shared("eta"))), []
+        for group, dtype, start, stop, idx, members, velocities in self._layout:
             dt = group["lr"] / sqrt_eta
-            v, g, c = self._flat[dtype][start:stop], grads[dtype][start:stop], kick * dt
-            views = [self.state[params[j]]["velocity"] for j in idx]
-            if len(v_dot_g) == 1:  # global projection: v - c (g - v (v.g))
-                v.mul_(1.0 + c * v_dot_g[0])
-            else:
-                torch._foreach_mul_(views, [1.0 + c * v_dot_g[j] for j in idx])
-            v.add_(g, alpha=-c)
-            torch._foreach_add_([params[j] for j in idx], views, alpha=dt)  # drift
-        self._normalise_foreach()
+            v, g, c, scale = self._flat[dtype][start:stop], grads[dtype][start:stop], kick * dt, 1.0
+            if len(v_dot_g) == 1:  # global projection
+                a = 1.0 + c * v_dot_g[0]
+                if abs(a - c) > 1e-3 * (abs(a) + c):
+                    scale = a - c
+                    v.lerp_(g, -c / scale)
+                else:
+                    v.mul_(a).add_(g, alpha=-c)
+            else:  # per tensor: v_i (1 + c v_i.g_i) - c g_i
+                torch._foreach_mul_(velocities, [1.0 + c * v_dot_g[j] for j in idx])
+                v.add_(g, alpha=-c)
+            torch._foreach_add_(members, velocities, alpha=dt * scale)  # drift
+            slices.append((v, scale))
+        self._normalise_foreach(slices)
         if chaos > 0:
             for dtype, z in self._noise().items():
                 self._flat[dtype].add_(z, alpha=chaos)
-            self._normalise_foreach()
+            self._normalise_foreach([(v, 1.0) for v in self._flat.values()])
 
-    def _normalise_foreach(self) -> None:
-        norms = [torch.linalg.vector_norm(v).double() for v in self._flat.values()]
-        speed = torch.stack(norms).norm()
-        for v in self._flat.values():
-            v.div_(speed)
+    @staticmethod
+    def _normalise_foreach(slices) -> None:
+        """Each buffer ``u`` of ``slices = [(u, s), ...]`` holds its part of the velocity divided
+        by ``s``: rescale them all to the unit velocity ``s u / |velocity|``."""
+        speed = torch.stack([s * s * torch.dot(u, u).double() for u, s in slices]).sum().sqrt()
+        for u, s in slices:
+            u.mul_(s / speed)
 
     def state_dict(self) -> dict:
         """torch's optimizer state plus ``"ecd"``: step counters and the chaos generator's state."""
@@ -505,7 +531,8 @@ def _tensors(params) -> list[torch.Tensor]:
 def _adamw(params, lr, **hp) -> torch.optim.AdamW:
     params = list(params)
     hp.setdefault("betas", (0.9, 0.95))
-    hp.setdefault("fused", all(p.is_cuda for p in _tensors(params)))
+    if "foreach" not in hp:  # torch's fused kernel exists for CUDA and CPU parameters
+        hp.setdefault("fused", all(p.device.type in ("cuda", "cpu") for p in _tensors(params)))
     return torch.optim.AdamW(params, lr=lr, **hp)
 
 
@@ -527,7 +554,7 @@ def make_optimizer(name: str, params: Iterable, **hp):
 
     - ``"ecd"``: :class:`ECD` (needs ``lr``, ``eta``, ``F0``).
     - ``"adamw"``: ``torch.optim.AdamW``, betas (0.9, 0.95), ``fused=True`` when every parameter
-      is on CUDA.
+      is on CUDA or the CPU (unless ``foreach`` is given).
     - ``"sgdm"``: ``torch.optim.SGD`` with Nesterov momentum 0.95.
     - ``"muon"``: ``torch.optim.Muon`` (``adjust_lr_fn="match_rms_adamw"``, so it shares AdamW's
       ``lr`` and ``weight_decay``, default 0.1) for the 2-D weight matrices; Muon accepts only 2-D

@@ -95,6 +95,26 @@ def test_trajectory_follows_the_equations(projection, weight_decay, foreach):
         assert (flat(model) - theta).abs().max() < 1e-12, f"step {step + 1}"
 
 
+def test_fast_path_when_the_one_pass_kick_degenerates():
+    """The fast path forms the kicked velocity a v - c g as (a - c) lerp(v, g, -c/(a - c)). On
+    the first step (v = -g/|g|) an F0 with c = 1/(1 + |g|) makes a - c = 0: the two-pass branch
+    must then give the same trajectory."""
+    x, y = data()
+    lr, eta = 0.3, 4.0
+    model = mlp()
+    loss = ((model(x) - y) ** 2).mean()
+    g_norm = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, model.parameters())]).norm()
+    d = sum(p.numel() for p in model.parameters())
+    kick_dt = eta / 2 * d / (d - 1) * lr / math.sqrt(eta)  # c = kick_dt / (F - F0)
+    F0 = loss.item() - kick_dt * (1 + g_norm.item())
+    expected = equations(mlp(), x, y, 4, lr=lr, eta=eta, F0=F0)
+    opt = ECD(model.parameters(), lr=lr, eta=eta, F0=F0, foreach=True)
+    closure = closure_for(model, opt, x, y)
+    for step, theta in enumerate(expected):
+        opt.step(closure)
+        assert (flat(model) - theta).abs().max() < 1e-12, f"step {step + 1}"
+
+
 def test_velocity_has_unit_norm_after_every_step():
     x, y = data()
     model = mlp()
@@ -362,7 +382,8 @@ def test_make_optimizer_builds_the_baselines():
         assert not torch.equal(flat(model), before), name
     sgd = make_optimizer("sgdm", mlp().parameters(), lr=0.1)
     assert sgd.defaults["nesterov"] and sgd.defaults["momentum"] == 0.95
-    assert make_optimizer("adamw", mlp().parameters(), lr=0.1).defaults["fused"] is False  # CPU
+    assert make_optimizer("adamw", mlp().parameters(), lr=0.1).defaults["fused"] is True
+    assert not make_optimizer("adamw", mlp().parameters(), lr=0.1, foreach=True).defaults["fused"]
     with pytest.raises(ValueError, match="valid names: ecd, adamw, sgdm, muon, soap"):
         make_optimizer("adam", mlp().parameters(), lr=0.1)
     with pytest.raises(ValueError, match="lr"):
