@@ -5,7 +5,7 @@ where git is available) and loaded as a separate module (it imports only torch),
 step the same model with the same gradients in one process. Each number is the median of
 ``--reps`` steps after three untimed ones. Usage::
 
-    python benchmarks/bench_ecd_commits.py --old a5b7169
+    python benchmarks/bench_ecd_commits.py --old a5b7169 --out benchmarks/results/ecd_commits_cpu.json
     git show 303d9f3:gaugebook/optim.py > .whl/optim_303d9f3.py   # for a machine without git
     python benchmarks/bench_ecd_commits.py --old 303d9f3 --old-file .whl/optim_303d9f3.py --reps 50
 """
@@ -16,7 +16,6 @@ import importlib.util
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from gaugebook import optim
+from gaugebook.experiment import provenance
 from gaugebook.gpt import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +69,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--old-file", type=Path, help="that commit's optim.py, if git is absent")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--out", type=Path, help="also write the result (with provenance) here")
     args = parser.parse_args(argv)
     device, old = torch.device(args.device), optim_at(args.old, args.old_file)
     ms = {
@@ -77,9 +78,12 @@ def main(argv=None) -> dict:
         f"ecd_{args.old}": median_step_ms(lambda ps: old.ECD(ps, **ECD_HP), device, args.reps),
         "ecd_working_tree": median_step_ms(lambda ps: optim.ECD(ps, **ECD_HP), device, args.reps),
     }
-    result = {"step_ms": ms, "over_adamw": {k: v / ms["adamw_fused"] for k, v in ms.items()}}
-    json.dump(result, sys.stdout, indent=1)
-    print()
+    result = {"step_ms": ms, "over_adamw": {k: v / ms["adamw_fused"] for k, v in ms.items()},
+              "old_commit": args.old, "reps": args.reps, "provenance": provenance(device)}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
     return result
 
 

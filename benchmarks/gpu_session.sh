@@ -33,6 +33,5 @@ echo "bench exit $? after $(( $(date +%s) - start )) s"
 # the ECD step before (commit of the recorded H200 run) and after the fast-path rewrite; the
 # device has no git: carry .whl/optim_303d9f3.py (git show 303d9f3:gaugebook/optim.py)
 timeout 60 python3 benchmarks/bench_ecd_commits.py --old 303d9f3 --old-file .whl/optim_303d9f3.py \
-  --reps 50 \
-  > "$OUT/ecd_commits.json" 2>> "$OUT/bench.log"
+  --reps 50 --out "$OUT/ecd_commits.json" >> "$OUT/bench.log" 2>&1
 tail -c 1500 "$OUT/bench.log"
