@@ -6,6 +6,8 @@
    same parameters and gradients, and the bytes of optimizer state each keeps.
 3. Symmetry breaking: throughput of the plain loop with ``symmetry_breaking="bqv"`` against the
    symmetric model.
+4. Data: tokens/s at which :class:`gaugebook.data.DefaultCorpus` makes training batches (on the
+   CPU, one process) against the tokens/s the plain loop consumes.
 
 Throughput is steady-state: the time of ``steps`` steps after as many warm-up steps (which absorb
 compilation), between two device synchronisations. Usage::
@@ -64,6 +66,16 @@ def plain_loop_tokens_per_s(size: dict, warmup: int, timed: int, device, *,
         opt.zero_grad(set_to_none=True)
     _sync(device)
     return timed * size["batch_size"] * size["block_size"] / (time.perf_counter() - start)
+
+
+def corpus_tokens_per_s(size: dict, batches: int) -> float:
+    """Tokens/s of :meth:`DefaultCorpus.batch` for training batches of the benchmark's shape."""
+    corpus = DefaultCorpus(seed=0)
+    corpus.batch(0, size["batch_size"], size["block_size"], split="train")  # builds the tables
+    start = time.perf_counter()
+    for step in range(1, batches + 1):
+        corpus.batch(step, size["batch_size"], size["block_size"], split="train")
+    return batches * size["batch_size"] * size["block_size"] / (time.perf_counter() - start)
 
 
 def trainer_tokens_per_s(size: dict, steps: int, device, *, compile=True, bf16=True) -> float:
@@ -155,6 +167,8 @@ def main(argv=None):
     plain = sum(tp["plain_loop_tokens_per_s"]) / 2
     tp["trainer_over_plain"] = tp["trainer_tokens_per_s"] / plain
     tp["bqv_over_symmetric"] = tp["bqv_tokens_per_s"] / plain
+    tp["corpus_tokens_per_s"] = corpus_tokens_per_s(size, batches=50)
+    tp["corpus_over_plain"] = tp["corpus_tokens_per_s"] / plain
     save()
     print(json.dumps({k: results[k] for k in ("throughput", "optimizer")}, indent=1))
 
