@@ -466,7 +466,7 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1) ->
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gaugebook.experiment", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", required=True, help=f"one of {sorted(presets())}")
+    parser.add_argument("--preset", help=f"one of {sorted(presets())} (required unless --list)")
     parser.add_argument("--part", default=None, help="one part of the preset (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/PRESET)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -474,8 +474,16 @@ def main(argv=None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
                              "(VALUE is read as JSON where it parses, else as a string)")
-    parser.add_argument("--list", action="store_true", help="list the runs and exit")
+    parser.add_argument("--list", action="store_true",
+                        help="list the runs of --preset (or every preset and its parts) and exit")
     args = parser.parse_args(argv)
+    if args.preset is None:
+        if not args.list:
+            parser.error(f"--preset is required; valid presets: {sorted(presets())}")
+        for preset, parts in presets().items():
+            print(f"{preset}: " + ", ".join(f"{part} ({len(runs)} runs)"
+                                            for part, runs in parts.items()))
+        return
     try:
         runs = [override(cfg, args.set) for cfg in select_runs(args.preset, args.part)]
     except ValueError as e:

@@ -93,6 +93,16 @@ def test_unknown_names_list_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
         main(["--preset", "nope"])
     assert "valid presets" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
+    assert "--preset is required; valid presets" in capsys.readouterr().err
+
+
+def test_list_without_a_preset_lists_every_preset_and_part(capsys):
+    main(["--list"])
+    out = capsys.readouterr().out
+    assert "gpu: seed0 (16 runs), seed1 (16 runs), seed2 (16 runs)" in out
+    assert "cpu-smoke: all (4 runs)" in out
 
 
 def test_gpu_preset_covers_the_grid():
