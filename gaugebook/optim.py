@@ -101,7 +101,10 @@ class ECD(Optimizer):
         F0: :math:`F_0`, below every loss the run reaches (the paper uses about 0.6 times the
             final loss). A step with :math:`F \le F_0` is skipped and counted in
             :attr:`skipped_steps`; a warning (once per optimizer) suggests lowering ``F0``.
-        nu: :math:`\nu \ge 0`, size of the random rotation of :math:`v` after each step.
+        nu: :math:`\nu \ge 0`, size of the random rotation of :math:`v` after each step: each
+            coordinate is perturbed by :math:`\nu/\sqrt d`, so the perturbation has length about
+            :math:`\nu` and :math:`v` turns by an angle of order :math:`\nu` whatever ``d`` (about
+            :math:`\arctan\nu` for large ``d``).
         weight_decay: :math:`\lambda \ge 0`, an L2 term :math:`\tfrac{\lambda}{2}|\theta|^2` added
             to the loss (and :math:`\lambda\theta` to its gradient), not decoupled.
         projection: ``"global"`` (default, the exact geometry) or ``"per_tensor"``: the authors'
