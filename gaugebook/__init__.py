@@ -22,6 +22,8 @@ Training and breaking
     :mod:`~gaugebook.sharpness`   Hessian sharpness and its minimum over the gauge orbit
     :mod:`~gaugebook.alignment`   aligning and merging two GPTs (heads, frames, residual, MLP)
     :mod:`~gaugebook.orbit`       tangent vectors of gauge orbits, balancing
+    :mod:`~gaugebook.landscapes`  toy loss landscapes, integrators and the reference ECD map
+    :mod:`~gaugebook.noether_widgets`  Noether charges of one head under shifted landscapes
 Book helpers
     :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
 """

@@ -96,9 +96,10 @@ def head_similarity(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> t
 
 
 def _assignment(similarity: torch.Tensor) -> torch.Tensor:
-    """The permutation ``perm`` maximising ``sum_i similarity[i, perm[i]]``."""
-    rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
-    return torch.as_tensor(cols[np.argsort(rows)], dtype=torch.long)
+    """The permutation ``perm`` maximising ``sum_i similarity[i, perm[i]]`` (solved by scipy on
+    the CPU; returned on ``similarity``'s device)."""
+    rows, cols = linear_sum_assignment(similarity.detach().cpu().numpy(), maximize=True)
+    return torch.as_tensor(cols[np.argsort(rows)], dtype=torch.long, device=similarity.device)
 
 
 def match_heads(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> torch.Tensor:
@@ -148,8 +149,9 @@ def align_factors(X_a: torch.Tensor, Y_a: torch.Tensor, X_b: torch.Tensor, Y_b: 
     if method == "procrustes":
         return procrustes
     starts = [procrustes]
-    linear = torch.as_tensor(scipy.linalg.solve_sylvester(
-        (X_b.T @ X_b).numpy(), (Y_a.T @ Y_a).numpy(), cross.numpy()), dtype=DTYPE)
+    linear = torch.as_tensor(scipy.linalg.solve_sylvester(  # scipy, on the CPU
+        (X_b.T @ X_b).cpu().numpy(), (Y_a.T @ Y_a).cpu().numpy(), cross.cpu().numpy()),
+        dtype=DTYPE, device=cross.device)
     if torch.isfinite(linear).all() and torch.linalg.cond(linear) < 1e12:
         starts.append(linear)
     M = min(starts, key=lambda S: _pair_residual(S, X_a, Y_a, X_b, Y_b).item()).clone()
@@ -280,7 +282,8 @@ def match_residual(model_a: GPT, model_b: GPT) -> torch.Tensor:
     Tensors whose other axes are also permuted by a symmetry (heads, QK/VO frames, MLP units)
     only make sense here once those are aligned: :func:`align_gpt` alternates."""
     _check_gpt_pair(model_a, model_b)
-    C = torch.zeros(model_a.config.n_embd, model_a.config.n_embd, dtype=DTYPE)
+    C = torch.zeros(model_a.config.n_embd, model_a.config.n_embd, dtype=DTYPE,
+                    device=model_a.wte.weight.device)
     for (wa, axis), (wb, _) in zip(_residual_axes(model_a), _residual_axes(model_b)):
         wa, wb = (_w(w).movedim(axis, 0).reshape(w.shape[axis], -1) for w in (wa, wb))
         C += wa @ wb.T  # (D, D)
@@ -292,9 +295,10 @@ def permute_residual(model: GPT, perm: torch.Tensor) -> GPT:
     (the same function: LayerNorm statistics and the tied unembedding are permutation
     invariant)."""
     out = copy.deepcopy(model)
-    perm = torch.as_tensor(perm, dtype=torch.long)
+    perm = torch.as_tensor(perm, dtype=torch.long).cpu()
     if not torch.equal(perm.sort().values, torch.arange(model.config.n_embd)):
         raise ValueError(f"perm must be a permutation of 0..{model.config.n_embd - 1}")
+    perm = perm.to(model.wte.weight.device)
     with torch.no_grad():
         for w, axis in _residual_axes(out):
             w.copy_(w.index_select(axis, perm))
@@ -346,14 +350,14 @@ def _parameter_pairs(model_a: nn.Module, model_b: nn.Module):
 
 
 def parameter_distance(model_a: nn.Module, model_b: nn.Module) -> float:
-    """``|theta_a - theta_b|`` (Euclidean, over all trainable parameters, float64)."""
+    """``|theta_a - theta_b|`` (Euclidean, over all parameters, frozen ones included; float64)."""
     return sum(((_w(a) - _w(b)) ** 2).sum() for a, b in _parameter_pairs(model_a, model_b)) \
         .sqrt().item()
 
 
 def interpolate(model_a: nn.Module, model_b: nn.Module, t: float) -> nn.Module:
-    """A copy of ``model_a`` with parameters ``(1 - t) theta_a + t theta_b`` (tied weights stay
-    tied; buffers come from ``model_a``)."""
+    """A copy of ``model_a`` with parameters ``(1 - t) theta_a + t theta_b`` (all of them, frozen
+    ones included; tied weights stay tied; buffers come from ``model_a``)."""
     out = copy.deepcopy(model_a)
     pairs = _parameter_pairs(model_a, model_b)
     with torch.no_grad():
@@ -427,13 +431,17 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
                  "b_V": lambda x: (x[:, None] @ N)[:, 0]}
         return {k: rules[k](x)[perm] for k, x in w.items()}
 
+    device = next(model_b.parameters()).device
+
+    def draw(m):  # one random (M, N, perm) for layer m, drawn on the CPU from generator
+        M = torch.stack([random_gl(m.d_head, cond, generator=generator) for _ in range(m.n_heads)])
+        N = torch.stack([random_gl(m.d_value, cond, generator=generator)
+                         for _ in range(m.n_heads)])
+        return M.to(device), N.to(device), torch.randperm(m.n_heads, generator=generator).to(device)
+
     best, best_draws, distances = None, None, []
     for _ in range(n_samples):
-        draws = [(torch.stack([random_gl(m.d_head, cond, generator=generator)
-                               for _ in range(m.n_heads)]),
-                  torch.stack([random_gl(m.d_value, cond, generator=generator)
-                               for _ in range(m.n_heads)]),
-                  torch.randperm(m.n_heads, generator=generator)) for _, m in layers]
+        draws = [draw(m) for _, m in layers]
         d_sq = rest_sq + sum(((x - t[k]) ** 2).sum().item()
                              for t, w, draw in zip(targets, sources, draws)
                              for k, x in act(w, *draw).items())

@@ -37,8 +37,10 @@ class MultiHeadAttention(nn.Module):
         d_value: width of a value head (``d_v``); defaults to ``d_head``.
         bias: add learned biases ``b_Q, b_K, b_V, b_O``.
         rope: ``False``, ``True`` or ``"gated"``.
-        rope_base: RoPE base (10000 as in Su et al. 2021).
-        rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``.
+        rope_base: RoPE base (10000 as in Su et al. 2021), greater than 1 so that the frequencies
+            ``theta_i`` in ``(0, 1]`` are distinct (the gauge counts assume it).
+        rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``;
+            only with ``rope``.
         causal: mask future positions.
     """
 
@@ -57,6 +59,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         if rope not in ROPE_MODES:
             raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+        if rotary_dim is not None and not rope:
+            raise ValueError(f"rotary_dim={rotary_dim} needs rope=True or \"gated\", "
+                             f"got rope={rope!r}")
+        if rope and not rope_base > 1:  # then theta_i in (0, 1] are distinct, as the counts assume
+            raise ValueError(f"rope_base must be greater than 1, got {rope_base}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.n_kv_heads, self.d_value, self.causal = n_kv_heads, d_value, causal
         self.rope, self.rope_base = rope, rope_base
@@ -86,6 +93,15 @@ class MultiHeadAttention(nn.Module):
                                  persistent=False)
         self.reset_parameters(generator)
 
+    def _apply(self, fn, recurse=True):
+        """Casts and moves (``.to``, ``.half()``, ...) move ``rope_freqs`` but keep its dtype
+        (float64): in bfloat16 the angles ``t * theta_i`` would be wrong already at ``t = 257``."""
+        freqs = self.rope_freqs if self.rope else None
+        super()._apply(fn, recurse)
+        if freqs is not None:
+            self.rope_freqs = freqs.to(self.rope_freqs.device)
+        return self
+
     @property
     def has_bias(self) -> bool:
         return self.b_Q is not None
@@ -101,8 +117,10 @@ class MultiHeadAttention(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Gaussian weights with variance 1/fan_in; biases uniform in +-1/sqrt(fan_in) as in
-        ``nn.Linear``, so every parameter is generic (no accidental zeros)."""
+        """Gaussian weights with variance 1/fan_in; biases uniform in +-1/sqrt(fan_in), so every
+        parameter is generic (no accidental zeros). ``fan_in = n_heads d_value`` for ``W_O`` and
+        ``d_model`` for every other parameter, ``b_O`` included (``nn.Linear`` would use
+        ``n_heads d_value`` there)."""
         for name, param in self.named_parameters():
             fan_in = self.d_model if name != "W_O" else self.n_heads * self.d_value
             if name.startswith("W_"):

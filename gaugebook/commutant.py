@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gaugebook.linalg import DTYPE
+from gaugebook.linalg import DTYPE, numerical_rank
 
 __all__ = ["Commutant", "commutant", "commutator_map"]
 
@@ -78,10 +78,7 @@ def commutant(matrices, *, rtol: float | None = None) -> Commutant:
     """
     A = commutator_map(matrices)
     d = math.isqrt(A.shape[1])
-    _, s, Vh = torch.linalg.svd(A, full_matrices=True)  # s: (d^2,) as n d^2 >= d^2
-    rtol = max(A.shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
-    tol = rtol * s[0].item()
-    rank = int((s > tol).sum())
-    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    _, s, Vh = torch.linalg.svd(A, full_matrices=False)  # s (d^2,), Vh (d^2, d^2): n d^2 >= d^2
+    rank, tol, gap = numerical_rank(s, A.shape, rtol)
     basis = Vh[rank:].reshape(-1, d, d)  # rows of Vh are orthonormal
     return Commutant(basis, s, tol, gap)

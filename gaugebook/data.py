@@ -866,7 +866,11 @@ class CharTokenizer:
         return [self.index[c] for c in text]
 
     def decode(self, ids) -> str:
-        return "".join(self.chars[i] for i in np.asarray(ids).reshape(-1))
+        ids = np.asarray(ids).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}), "
+                             f"got {ids.min()}..{ids.max()}")
+        return "".join(self.chars[i] for i in ids)
 
 
 def text_batches(ids, batch_size: int, block_size: int, *, seed: int, device="cpu",
@@ -874,15 +878,15 @@ def text_batches(ids, batch_size: int, block_size: int, *, seed: int, device="cp
     """Endless batches of random windows of a token sequence ``ids``; batch ``k`` is a pure
     function of ``(seed, k)`` (``start=k`` resumes). ``categories`` is ``None``."""
     ids = np.asarray(ids, dtype=np.int64)
-    if ids.ndim != 1 or len(ids) < block_size + 2:
-        raise ValueError(f"ids must be a 1-D sequence longer than block_size + 1 = "
-                         f"{block_size + 1}, got shape {ids.shape}")
+    if ids.ndim != 1 or len(ids) < block_size + 1:
+        raise ValueError(f"ids must be a 1-D sequence of at least block_size + 1 = "
+                         f"{block_size + 1} tokens, got shape {ids.shape}")
     _check_stream_args(n=batch_size, length=block_size + 1, seed=seed, index=start, rank=0,
                        split="text")
     device = torch.device(device)
     window = np.arange(block_size + 1)
     for index in itertools.count(start):
         rng = DefaultCorpus._rng("text", seed, index)
-        first = rng.integers(0, len(ids) - block_size - 1, batch_size)
+        first = rng.integers(0, len(ids) - block_size, batch_size)  # windows may end at the end
         rows = ids[first[:, None] + window]
         yield Batch(_to_device(rows[:, :-1], device), _to_device(rows[:, 1:], device), None)

@@ -5,6 +5,8 @@ default corpus and writes ``<out>/<run>.json`` atomically when it finishes; an e
 skipped, so parts accumulate into one results folder. Checkpoints (``<out>/checkpoints/``) are
 written every ``checkpoint_every`` steps and an interrupted run resumes exactly (model, optimizer,
 random state and data position are restored; the data stream is a pure function of seed and step).
+Runs of one folder that differ only in other settings (a sweep's learning rates) need distinct
+``tag``s (``--set tag=...``): a result or checkpoint written for other settings is refused.
 
 Command line::
 
@@ -21,6 +23,7 @@ import math
 import os
 import platform
 import random
+import string
 import subprocess
 import sys
 import time
@@ -33,16 +36,28 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from gaugebook import mechanics
-from gaugebook.data import DefaultCorpus, evaluate_probes
-from gaugebook.gpt import GPT, GPTConfig
-from gaugebook.optim import make_optimizer
+from gaugebook.data import MIN_PROBE_CONTEXT, DefaultCorpus, evaluate_probes
+from gaugebook.gpt import ACTIVATIONS, GPT, GPTConfig
+from gaugebook.optim import OPTIMIZERS, make_optimizer
 
 SYMMETRIES = {"symmetric": None, "bq": "bq", "bqv": "bqv"}
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+POSITIVE_INTS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_every",
+                 "eval_batches", "probe_instances", "checkpoint_every")
+TAG_CHARACTERS = set(string.ascii_letters + string.digits + "._=-")
+MAX_TAG_LENGTH = 40
+
+
 @dataclass
 class RunConfig:
-    """Everything that defines one training run (hashable into its name)."""
+    """Everything that defines one training run. Its ``name`` (the result's file name) is
+    optimizer-symmetry-activation-seed, plus ``tag`` when given: runs of one folder that differ in
+    anything else (a sweep's learning rates) need distinct tags."""
 
     optimizer: str
     symmetry: str = "symmetric"
@@ -63,16 +78,41 @@ class RunConfig:
     autocast_bf16: bool = False
     compile: bool = False
     max_wall_s: float | None = None
+    tag: str = ""
 
     def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {sorted(OPTIMIZERS)}")
         if self.symmetry not in SYMMETRIES:
             raise ValueError(f"unknown symmetry {self.symmetry!r}; valid: {sorted(SYMMETRIES)}")
-        if self.steps < 1 or self.batch_size < 1 or self.eval_every < 1:
-            raise ValueError("steps, batch_size and eval_every must be positive")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {self.activation!r}; valid: {list(ACTIVATIONS)}")
+        for key in ("seed", *POSITIVE_INTS):
+            value, low = getattr(self, key), 0 if key == "seed" else 1
+            if type(value) is not int or value < low:
+                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+        if self.block_size < MIN_PROBE_CONTEXT:
+            raise ValueError(f"block_size must be >= {MIN_PROBE_CONTEXT} (the context of the "
+                             f"probes evaluated after training), got {self.block_size}")
+        if not isinstance(self.optimizer_hp, dict):
+            raise ValueError(f"optimizer_hp must be a dict, got {self.optimizer_hp!r}")
+        if not _is_real(self.mu_v) or not math.isfinite(self.mu_v):
+            raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
+        for key in ("autocast_bf16", "compile"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if self.max_wall_s is not None and not (_is_real(self.max_wall_s) and self.max_wall_s > 0):
+            raise ValueError(f"max_wall_s must be None or a positive number of seconds, "
+                             f"got {self.max_wall_s!r}")
+        if not isinstance(self.tag, str) or len(self.tag) > MAX_TAG_LENGTH \
+                or not set(self.tag) <= TAG_CHARACTERS:
+            raise ValueError(f"tag must be a string of at most {MAX_TAG_LENGTH} characters from "
+                             f"A-Z a-z 0-9 . _ = -, got {self.tag!r}")
 
     @property
     def name(self) -> str:
-        return f"{self.optimizer}-{self.symmetry}-{self.activation}-s{self.seed}"
+        name = f"{self.optimizer}-{self.symmetry}-{self.activation}-s{self.seed}"
+        return f"{name}-{self.tag}" if self.tag else name
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
@@ -125,10 +165,10 @@ def _gpu_parts() -> dict[str, list[RunConfig]]:
 
 def _sweep_parts() -> dict[str, list[RunConfig]]:
     base = dict(GPU, steps=600)
-    ecd = [RunConfig(optimizer="ecd", symmetry=s, seed=0, **base,
+    ecd = [RunConfig(optimizer="ecd", symmetry=s, seed=0, **base, tag=f"lr={lr:g}-F0={F0:g}",
                      optimizer_hp=dict(HP["ecd"], lr=lr, F0=F0))
            for s in ["symmetric", "bqv"] for lr in (0.5, 1.0, 2.0) for F0 in (1.0, 2.0)]
-    adamw = [RunConfig(optimizer="adamw", symmetry=s, seed=0, **base,
+    adamw = [RunConfig(optimizer="adamw", symmetry=s, seed=0, **base, tag=f"lr={lr:g}",
                        optimizer_hp=dict(HP["adamw"], lr=lr))
              for s in ["symmetric", "bqv"] for lr in (3e-4, 1e-3, 3e-3)]
     return {"sweep": ecd + adamw}
@@ -159,14 +199,17 @@ def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
 
 
 def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
-    """A copy of ``cfg`` with ``KEY=VALUE`` assignments applied (unknown keys are an error)."""
+    """A copy of ``cfg`` with ``KEY=VALUE`` assignments applied (unknown keys are an error).
+    VALUE is read as JSON where it parses, except for the string settings (``tag=1e-3`` is the
+    tag ``"1e-3"``)."""
     values = dataclasses.asdict(cfg)
+    strings = {f.name for f in dataclasses.fields(RunConfig) if f.type == "str"}
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         try:
-            values[key] = json.loads(raw)
+            values[key] = raw if key in strings else json.loads(raw)
         except json.JSONDecodeError:
             values[key] = raw
     return RunConfig.from_dict(values)
@@ -239,11 +282,31 @@ def _rng_state(device) -> dict:
 
 
 def _set_rng_state(state: dict, device) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore :func:`_rng_state` (torch wants its generator states as CPU byte tensors)."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def _as_json(config: dict) -> dict:
+    """``config`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(config))
+
+
+def _check_same_config(cfg: RunConfig, stored: dict | None, path: Path) -> None:
+    """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
+    configuration; ``stored`` ``None`` (a checkpoint from before configs were saved) passes."""
+    if stored is None:
+        return
+    expected = _as_json(dataclasses.asdict(cfg))
+    stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
+    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here"
+                 for k in sorted(expected) if stored[k] != expected[k]]
+    if differing:
+        raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
+                         ": write to another --out, or give this run a tag (--set tag=...)")
 
 
 def _model_config(cfg: RunConfig, corpus: DefaultCorpus) -> GPTConfig:
@@ -273,17 +336,37 @@ def _evaluate(model, corpus, cfg, device, autocast) -> float:
     return float(np.mean(losses))
 
 
+def _out_of_time(cfg: RunConfig, start: float, device, world: int) -> bool:
+    """Whether ``max_wall_s`` has passed since ``start``, by rank 0's clock (all ranks agree)."""
+    if cfg.max_wall_s is None:
+        return False
+    over = time.perf_counter() - start > cfg.max_wall_s
+    if world > 1:
+        flag = torch.tensor(float(over), device=device)
+        dist.broadcast(flag, src=0)
+        over = bool(flag.item())
+    return over
+
+
 def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
           position: int = 0, stop_after: int | None = None, progress: bool = True) -> dict | None:
     """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
     by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
-    progress bar."""
+    progress bar.
+
+    An existing result or checkpoint of the same name must hold the same configuration
+    (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by
+    ``max_wall_s`` is evaluated at its last step (``truncated``: true). ``peak_memory_bytes`` is
+    the peak of allocated device memory on CUDA; on the CPU it is the process's peak resident set
+    size since it started (everything the process did, not only this run)."""
     device = torch.device(device)
     rank, world = _rank_world()
     out.mkdir(parents=True, exist_ok=True)
     result_path = out / f"{cfg.name}.json"
     if result_path.exists():
-        return json.loads(result_path.read_text())
+        result = json.loads(result_path.read_text())
+        _check_same_config(cfg, result.get("config"), result_path)
+        return result
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
     ckpt_dir = out / "checkpoints"
@@ -309,14 +392,18 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
 
     history = {"step": [], "train_loss": [], "val_loss": [], "J_QK": [], "J_VO": [], "wall_s": []}
     step, elapsed, tokens = 0, 0.0, 0
+    # summed training loss since the last measurement, and the step it started at
+    window, history_start = None, 0
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        # on the CPU: random states must stay there; load_state_dict moves the rest
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        _check_same_config(cfg, ckpt.get("config"), ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, elapsed, tokens, history = ckpt["step"], ckpt["elapsed"], ckpt["tokens"], ckpt["history"]
         _set_rng_state(ckpt["rng"], device)
-    # summed training loss since the last measurement, and the step it started at
-    window, history_start = ckpt["window"] if ckpt_path.exists() else (None, step)
+        window, history_start = ckpt["window"]
+        window = None if window is None else window.to(device)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -324,8 +411,10 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     start = time.perf_counter() - elapsed
     bar = tqdm(total=cfg.steps, initial=step, desc=cfg.name, position=position, leave=position == 0,
                disable=rank != 0 or not progress, dynamic_ncols=True)
-    truncated = False
-    while step < cfg.steps:
+    final = False
+    while not final:
+        # the last step: the planned one, or the one in progress when the time budget runs out
+        final = step + 1 >= cfg.steps or _out_of_time(cfg, start, device, world)
         x, y = corpus.batch(step, cfg.batch_size, cfg.block_size, split="train", device=device)[:2]
         x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
 
@@ -336,7 +425,7 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
             loss.backward()
             return loss
 
-        measure = (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+        measure = (step + 1) % cfg.eval_every == 0 or final
         before = {n: p.detach().clone() for n, p in model.named_parameters()} if measure else None
         loss = optimizer.step(closure).detach().float()
         window = loss if window is None else window + loss  # on the device: no sync per step
@@ -360,18 +449,16 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
             history["wall_s"].append(time.perf_counter() - start)
             window, history_start = None, step
             bar.set_postfix(val=f"{history['val_loss'][-1]:.3f}")
-        if rank == 0 and (step % cfg.checkpoint_every == 0) and step < cfg.steps:
+        if rank == 0 and (step % cfg.checkpoint_every == 0) and not final:
             ckpt_dir.mkdir(exist_ok=True)
             _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "step": step, "elapsed": time.perf_counter() - start, "tokens": tokens,
                           "history": history, "window": (window, history_start),
-                          "rng": _rng_state(device)}, ckpt_path)
+                          "rng": _rng_state(device), "config": dataclasses.asdict(cfg)},
+                         ckpt_path)
         if stop_after is not None and step >= stop_after:
             bar.close()
             return None
-        if cfg.max_wall_s is not None and time.perf_counter() - start > cfg.max_wall_s:
-            truncated = True
-            break
     bar.close()
     wall = time.perf_counter() - start
     model.eval()
@@ -385,7 +472,7 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
         "name": cfg.name,
         "config": dataclasses.asdict(cfg),
         "steps_done": step,
-        "truncated": truncated,
+        "truncated": step < cfg.steps,
         "history": history,
         "final_val_loss": history["val_loss"][-1] if history["val_loss"] else None,
         "probes": probes,
@@ -400,8 +487,8 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     }
     if rank == 0:
         write_json_atomic(result_path, result)
-        if ckpt_path.exists():
-            ckpt_path.unlink()
+        ckpt_path.unlink(missing_ok=True)
+        (out / f"{cfg.name}.error.json").unlink(missing_ok=True)  # a failure of an earlier try
     return result
 
 
@@ -473,7 +560,8 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="concurrent runs on the device")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
-                             "(VALUE is read as JSON where it parses, else as a string)")
+                             "(VALUE is read as JSON where it parses, else as a string; the "
+                             "string settings, e.g. tag, are always strings)")
     parser.add_argument("--list", action="store_true",
                         help="list the runs of --preset (or every preset and its parts) and exit")
     args = parser.parse_args(argv)
@@ -494,11 +582,11 @@ def main(argv=None) -> None:
         return
     out = args.out or Path("runs") / args.preset
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
-        backend = "nccl" if args.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend)
         device = args.device
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(device)  # before the process group: NCCL binds to it
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
         for cfg in runs:
             train(cfg, out, device)
         dist.destroy_process_group()

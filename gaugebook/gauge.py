@@ -52,6 +52,21 @@ def _get(module: nn.Module, name: str) -> torch.Tensor:
     return getattr(module, name).detach().to(DTYPE)
 
 
+def _on(module: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the device of ``module``'s weights (factors are built on the CPU)."""
+    return tensor.to(module.W_Q.device)
+
+
+def _check_shift(t, name: str) -> torch.Tensor:
+    """Validate a bias shift ``t [n_kv, width]``; return it as float64."""
+    t = torch.as_tensor(t).detach().to(DTYPE)
+    if t.ndim != 2:
+        raise ValueError(f"{name} must have shape [n_kv_heads, width], got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} has non-finite entries")
+    return t
+
+
 def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
     """Raise a ``ValueError`` naming every size of ``what`` that ``module`` does not match."""
     wrong = [f"{k}={v} but the module has {getattr(module, k)}" for k, v in sizes.items()
@@ -60,7 +75,7 @@ def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
         raise ValueError(f"{what} does not fit this module: " + "; ".join(wrong))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # equality by identity: the fields are tensors
 class Factor:
     """A primitive gauge transformation of the attention module at ``target`` (a submodule path,
     ``""`` for the module itself)."""
@@ -74,7 +89,7 @@ class Factor:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class QKTransform(Factor):
     """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
 
@@ -85,8 +100,9 @@ class QKTransform(Factor):
 
     def apply_(self, m):
         _expect(m, "QKTransform", n_kv_heads=self.M.shape[0], d_head=self.M.shape[-1])
-        M_q = self.M.repeat_interleave(m.group_size, dim=0)  # (H, dk, dk)
-        M_invT = torch.linalg.inv(self.M).transpose(-1, -2)  # (Hkv, dk, dk)
+        M = _on(m, self.M)  # (Hkv, dk, dk)
+        M_q = M.repeat_interleave(m.group_size, dim=0)  # (H, dk, dk)
+        M_invT = torch.linalg.inv(M).transpose(-1, -2)  # (Hkv, dk, dk)
         _set(m, "W_Q", _get(m, "W_Q") @ M_q)
         _set(m, "W_K", _get(m, "W_K") @ M_invT)
         if m.has_bias:
@@ -97,7 +113,7 @@ class QKTransform(Factor):
         return QKTransform(torch.linalg.inv(self.M), target=self.target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class VOTransform(Factor):
     """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
 
@@ -108,17 +124,18 @@ class VOTransform(Factor):
 
     def apply_(self, m):
         _expect(m, "VOTransform", n_kv_heads=self.N.shape[0], d_value=self.N.shape[-1])
-        N_inv = torch.linalg.inv(self.N).repeat_interleave(m.group_size, dim=0)  # (H, dv, dv)
-        _set(m, "W_V", _get(m, "W_V") @ self.N)
+        N = _on(m, self.N)  # (Hkv, dv, dv)
+        N_inv = torch.linalg.inv(N).repeat_interleave(m.group_size, dim=0)  # (H, dv, dv)
+        _set(m, "W_V", _get(m, "W_V") @ N)
         _set(m, "W_O", N_inv @ _get(m, "W_O"))
         if m.has_bias:
-            _set(m, "b_V", (_get(m, "b_V")[:, None] @ self.N)[:, 0])
+            _set(m, "b_V", (_get(m, "b_V")[:, None] @ N)[:, 0])
 
     def inverse(self):
         return VOTransform(torch.linalg.inv(self.N), target=self.target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeadPermutation(Factor):
     """Relabel heads: head ``i`` of the result is head ``perm[i]`` of the input."""
 
@@ -140,10 +157,10 @@ class HeadPermutation(Factor):
 
     def apply_(self, m):
         _expect(m, "HeadPermutation", n_heads=len(self.perm))
-        kv = self.kv_permutation(m.group_size)
+        perm, kv = _on(m, self.perm), _on(m, self.kv_permutation(m.group_size))
         for name in ("W_Q", "b_Q", "W_O", "W_GQ"):
             if getattr(m, name, None) is not None:
-                _set(m, name, _get(m, name)[self.perm])
+                _set(m, name, _get(m, name)[perm])
         for name in ("W_K", "b_K", "W_V", "b_V", "W_GK"):
             if getattr(m, name, None) is not None:
                 _set(m, name, _get(m, name)[kv])
@@ -152,33 +169,39 @@ class HeadPermutation(Factor):
         return HeadPermutation(torch.argsort(self.perm), target=self.target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KeyBiasShift(Factor):
     """``b_K -> b_K + t``: a symmetry without RoPE, where ``q_t b_K^T`` cancels in the softmax."""
 
     t: torch.Tensor  # [n_kv, d_head]
 
+    def __post_init__(self):
+        object.__setattr__(self, "t", _check_shift(self.t, "KeyBiasShift.t"))
+
     def apply_(self, m):
         if not m.has_bias:
             raise ValueError("KeyBiasShift needs a module with bias=True")
         _expect(m, "KeyBiasShift", n_kv_heads=self.t.shape[0], d_head=self.t.shape[1])
-        _set(m, "b_K", _get(m, "b_K") + self.t.to(DTYPE))
+        _set(m, "b_K", _get(m, "b_K") + _on(m, self.t))
 
     def inverse(self):
         return KeyBiasShift(-self.t, target=self.target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ValueBiasShift(Factor):
     """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``."""
 
     t: torch.Tensor  # [n_kv, d_value]
 
+    def __post_init__(self):
+        object.__setattr__(self, "t", _check_shift(self.t, "ValueBiasShift.t"))
+
     def apply_(self, m):
         if not m.has_bias:
             raise ValueError("ValueBiasShift needs a module with bias=True")
         _expect(m, "ValueBiasShift", n_kv_heads=self.t.shape[0], d_value=self.t.shape[1])
-        t = self.t.to(DTYPE)
+        t = _on(m, self.t)  # (Hkv, dv)
         t_heads = t.repeat_interleave(m.group_size, dim=0)  # (H, dv)
         _set(m, "b_V", _get(m, "b_V") + t)
         _set(m, "b_O", _get(m, "b_O") - torch.einsum("he,hed->d", t_heads, _get(m, "W_O")))
@@ -239,6 +262,9 @@ def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: 
     on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one for gated
     RoPE). Condition number ``cond``.
     """
+    if not (isinstance(rotary_dim, int) and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
+        raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
+                         f"got {rotary_dim!r}")
     half, rest = rotary_dim // 2, d_head - rotary_dim
     scales = spread(half + rest, cond, generator=generator)
     rho, s_rest = scales[:half], scales[half:]
@@ -309,10 +335,21 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
 
 @torch.no_grad()
 def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float:
-    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs."""
+    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs.
+
+    Both forward passes start from the same random state (restored afterwards), so a stochastic
+    model (dropout, symmetry-breaking biases in training mode) draws the same noise in both.
+    """
+    cuda = sorted({p.device.index for p in module.parameters() if p.is_cuda})
+
     def output(m):
-        y = m(*inputs)
+        with torch.random.fork_rng(devices=cuda):
+            y = m(*inputs)
         return y[0] if isinstance(y, tuple) else y
 
     before, after = output(module), output(element.act(module))
-    return ((after - before).abs().max() / before.abs().max()).item()
+    scale = before.abs().max()
+    if scale == 0:
+        raise ValueError("the reference output f(theta, x) is all zero: the relative error is "
+                         "undefined (use inputs on which the module's output is non-zero)")
+    return ((after - before).abs().max() / scale).item()

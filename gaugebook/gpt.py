@@ -198,7 +198,8 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.c_proj.weight, 0.0, residual_std)
 
     def num_params(self) -> int:
-        """Number of trainable scalars (the tied embedding counted once)."""
+        """Number of scalars in the parameters, trainable or not (the tied embedding counted
+        once)."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
@@ -226,17 +227,26 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``idx [B, T]`` (the last ``block_size`` tokens
-        are the context); ``top_k`` keeps only the k most likely tokens. Returns ``[B, T + new]``."""
+        are the context); ``top_k >= 1`` keeps only the k most likely tokens. Returns
+        ``[B, T + new]``. The model runs in eval mode (mean symmetry-breaking biases, no fresh
+        draws per token) and gets its training mode back afterwards."""
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
-            logits = logits[:, -1, :].float() / temperature  # (B, V)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_token = torch.multinomial(logits.softmax(-1), num_samples=1)  # (B, 1)
-            idx = torch.cat([idx, next_token], dim=1)
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be None or a positive integer, got {top_k}")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                logits, _ = self(idx[:, -self.config.block_size:])
+                logits = logits[:, -1, :].float() / temperature  # (B, V)
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(logits.softmax(-1), num_samples=1)  # (B, 1)
+                idx = torch.cat([idx, next_token], dim=1)
+        finally:
+            self.train(was_training)
         return idx
 
     @classmethod

@@ -52,7 +52,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import SymmetryBreakingBias
-from gaugebook.gpt import GPT, Block, GPTConfig, PReLU
+from gaugebook.gpt import ACTIVATIONS, GPT, Block, GPTConfig, PReLU
 from gaugebook.redundancy import factor_redundancy, predicted_redundancy
 
 __all__ = ["TERMS", "OUTPUTS", "LogProbabilities", "redundancy_terms", "block_terms",
@@ -100,6 +100,12 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     bias absorbs a fixed shift (no change); without learned biases a query shift ``s`` leaves of
     ``GL(d)`` only ``{X : s X = 0}`` and a value shift removes ``min(H_kv d, D_out)`` directions.
     """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if d_model % n_head:
+        raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
+    if n_head % n_kv_head:
+        raise ValueError(f"n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
     D, H, Hkv, b = d_model, n_head, n_kv_head, int(bias)
     d, G = D // H, H // Hkv
     D_in = D - 1  # LayerNorm outputs span an affine hyperplane: D - 1 directions vary

@@ -26,7 +26,8 @@ uses ``0.5 * 1``) serves as the null reference there.
 **Gauge.** Under ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` (with ``c -> c M``) the product ``c . k``
 is invariant but the cosine between ``k`` and a *fixed* vector is not: :func:`key_alignment`
 measures a gauge-dependent quantity unless something (the resampled unlearned bias) fixes the
-gauge, while :func:`log_factors` with ``reference="effective"`` is invariant.
+gauge, while :func:`log_factors` with ``reference="effective"`` is invariant once centred
+(``center=True``, the default: a key-bias shift adds the same ``c . b_K`` to every key).
 
 Shapes: ``L`` layers, ``H`` query heads, ``B`` sequences of ``T`` tokens; keys of grouped
 key/value heads are repeated to their query heads.

@@ -31,6 +31,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from gaugebook.optim import _number
+
 __all__ = ["rosenbrock", "multiwell", "sombrero", "angular_momentum", "leapfrog",
            "explicit_euler", "gradient_descent", "ECDPath", "ecd_kappa", "ecd_path",
            "optimizer_path"]
@@ -159,11 +161,16 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
             by a bias drawn for that step).
         nu: chaos strength.
 
-    Steps with ``F <= F0`` are skipped (nothing moves), as in the optimizer.
+    Steps with ``F <= F0`` are skipped (nothing moves), as in the optimizer; a non-finite loss or
+    gradient raises ``FloatingPointError``, as in the optimizer.
     """
     _check_step(lr, steps)
     if steps < 1:
         raise ValueError("ecd_path needs at least one step")
+    eta = _number("eta", eta, low=0.0, strict=True)
+    nu = _number("nu", nu, low=0.0, strict=False)
+    if not math.isfinite(F0):
+        raise ValueError(f"F0 must be a finite real number, got {F0!r}")
     x = torch.as_tensor(x0, dtype=torch.float64).clone()
     d = x.numel()
     kappa, dt = ecd_kappa(eta, d), lr / math.sqrt(eta)
@@ -175,6 +182,9 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
         point = x.clone().requires_grad_(True)
         loss = F(point if shifts is None else point + shifts[k].to(torch.float64))
         (g,) = torch.autograd.grad(loss, point)
+        if not (torch.isfinite(loss) and torch.isfinite(g).all()):
+            raise FloatingPointError(f"ecd_path step {k + 1} at x = {x.tolist()}: the loss "
+                                     f"{loss.item()} or its gradient {g.tolist()} is not finite")
         return loss.item(), g
 
     if v0 is None:

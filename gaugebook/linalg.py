@@ -1,5 +1,7 @@
-"""Random matrices with a prescribed condition number, and checks for singular ones."""
+"""Random matrices with a prescribed condition number, checks for singular ones, numerical rank."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -29,9 +31,26 @@ def random_gl(n: int, cond: float, *, generator: torch.Generator | None = None) 
     """``U diag(s) V^T`` with Haar ``U, V`` and singular values ``s`` from :func:`spread`:
     an element of GL(n) with 2-norm condition number exactly ``cond`` (1 when ``n == 1``)."""
     s = spread(n, cond, generator=generator)
-    sign = 1.0 if n > 1 else float(torch.randint(0, 2, (1,), generator=generator)) * 2 - 1
-    return sign * random_orthogonal(n, generator=generator) @ torch.diag(s) @ \
+    return random_orthogonal(n, generator=generator) @ torch.diag(s) @ \
         random_orthogonal(n, generator=generator).T
+
+
+def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None) -> tuple[int, float, float]:
+    """``(rank, tolerance, gap)`` of a matrix of ``shape`` from its singular values ``s``
+    (descending).
+
+    A singular value counts as zero when it is at most ``tolerance = rtol * s_max``, by default
+    ``rtol = max(shape) * eps_float64`` (the convention of ``numpy.linalg.matrix_rank``);
+    ``gap = s_rank / s_{rank+1}``, the last kept over the first dropped value, is infinite when
+    nothing is kept or nothing dropped. An empty or all-zero ``s`` has rank 0.
+    """
+    rtol = max(shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
+    if s.numel() == 0 or s[0] == 0:
+        return 0, 0.0, math.inf
+    tolerance = rtol * s[0].item()
+    rank = int((s > tolerance).sum())
+    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    return rank, tolerance, gap
 
 
 def check_invertible(matrices: torch.Tensor, name: str) -> torch.Tensor:

@@ -68,8 +68,9 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
 
     ``f_e`` (fraction of the ``N k`` assignments that go to expert ``e``) is piecewise constant
     in the parameters and carries no gradient; ``P_e`` (mean probability) does. The value is 1
-    when both are uniform and at most ``E`` (all tokens sent to one expert that takes all the
-    probability).
+    when both are uniform and at most ``E / k``: since ``f_e <= 1/k`` (a token picks an expert at
+    most once), ``sum_e f_e P_e <= 1/k``, reached when every token picks the same ``k`` experts
+    and they take all the probability. ``N = 0`` tokens raise ``ValueError``.
     """
     E, k = probs.shape[-1], indices.shape[-1]
     if indices.shape[:-1] != probs.shape[:-1]:
@@ -77,6 +78,9 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
     if k > E:
         raise ValueError(f"{k} choices per token, but only {E} experts")
     p = probs.reshape(-1, E)  # (N, E)
+    if p.shape[0] == 0:
+        raise ValueError(f"the load-balancing loss needs at least one token, got probs of shape "
+                         f"{tuple(probs.shape)}")
     counts = F.one_hot(indices.reshape(-1, k), E).sum(dim=(0, 1)).to(p.dtype)  # (E,)
     f = counts / counts.sum()
     return E * (f * p.mean(dim=0)).sum()
@@ -206,18 +210,19 @@ def _check_moe(moe) -> None:
         raise TypeError(f"expected a MoE, got {type(moe).__name__}")
 
 
-def _permutation(perm, n: int, what: str) -> torch.Tensor:
-    perm = torch.as_tensor(perm, dtype=torch.long)
+def _permutation(perm, n: int, what: str, device: torch.device) -> torch.Tensor:
+    """``perm`` checked on the CPU, returned on ``device`` (the parameters' device)."""
+    perm = torch.as_tensor(perm, dtype=torch.long).cpu()
     if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
         raise ValueError(f"{what} must be a permutation of 0..{n - 1}, got {perm.tolist()}")
-    return perm
+    return perm.to(device)
 
 
 def permute_experts(moe: MoE, perm) -> MoE:
     """Expert ``i`` of the result is expert ``perm[i]`` of ``moe``; the router's columns (and
     bias entries) move with their experts, so the function is unchanged."""
     _check_moe(moe)
-    perm = _permutation(perm, moe.n_experts, "perm")
+    perm = _permutation(perm, moe.n_experts, "perm", moe.W_r.device)
     out = copy.deepcopy(moe)
     with torch.no_grad():
         out.W_r.copy_(moe.W_r[:, perm])
@@ -231,7 +236,7 @@ def permute_experts(moe: MoE, perm) -> MoE:
 def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
     """``W_r -> W_r + c 1^T`` (``c [D]``) and, with a router bias, ``b_r -> b_r + s``."""
     _check_moe(moe)
-    c = torch.as_tensor(c, dtype=moe.W_r.dtype)
+    c = torch.as_tensor(c, dtype=moe.W_r.dtype, device=moe.W_r.device)
     if c.shape != (moe.d_model,):
         raise ValueError(f"c must have shape [d_model={moe.d_model}], got {tuple(c.shape)}")
     if s != 0.0 and not moe.has_router_bias:
@@ -248,7 +253,7 @@ def rescale_hidden(moe: MoE, a) -> MoE:
     """Scale hidden unit ``j`` of expert ``e`` by ``a[e, j] > 0`` on the way in and by
     ``1 / a[e, j]`` on the way out: a symmetry of ReLU experts only."""
     _check_moe(moe)
-    a = torch.as_tensor(a, dtype=torch.float64)
+    a = torch.as_tensor(a, dtype=torch.float64, device=moe.W_in.device)
     if a.shape != (moe.n_experts, moe.d_hidden):
         raise ValueError(f"a must have shape [n_experts, d_hidden] = "
                          f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(a.shape)}")
@@ -274,10 +279,11 @@ def permute_hidden(moe: MoE, perm) -> MoE:
     if perm.shape != (moe.n_experts, moe.d_hidden):
         raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
                          f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(perm.shape)}")
-    for e in range(moe.n_experts):
-        _permutation(perm[e], moe.d_hidden, f"perm[{e}]")
+    device = moe.W_in.device
+    perm = torch.stack([_permutation(perm[e], moe.d_hidden, f"perm[{e}]", device)
+                        for e in range(moe.n_experts)])
     out = copy.deepcopy(moe)
-    rows = torch.arange(moe.n_experts)[:, None]
+    rows = torch.arange(moe.n_experts, device=device)[:, None]
     with torch.no_grad():
         out.W_in.copy_(moe.W_in[rows, :, perm].transpose(1, 2))  # (E, Dh, D) -> (E, D, Dh)
         out.b_in.copy_(moe.b_in[rows, perm])

@@ -119,7 +119,7 @@ def stabiliser_projection(b: torch.Tensor) -> torch.Tensor:
     of the rotations that fix ``b``."""
     norm2 = (b * b).sum(-1, keepdim=True)[..., None]  # (..., 1, 1)
     outer = b[..., :, None] * b[..., None, :]
-    eye = torch.eye(b.shape[-1], dtype=b.dtype)
+    eye = torch.eye(b.shape[-1], dtype=b.dtype, device=b.device)
     return eye - torch.where(norm2 > 0, outer / norm2.clamp_min(1e-300), torch.zeros_like(outer))
 
 

@@ -45,6 +45,14 @@ def _number(name: str, value, *, low: float, strict: bool) -> float:
     return x
 
 
+def _dot(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``u . g`` over all entries, as a float64 scalar. 16-bit tensors are multiplied and summed
+    in float32: in their own dtype the sum overflows (float16 tops out at 65504)."""
+    if u.element_size() < 4:
+        u, g = u.float(), g.float()
+    return torch.dot(u.reshape(-1), g.reshape(-1)).double()
+
+
 def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
     """Average a scalar over the ranks of an initialised process group (DDP); identity otherwise."""
     if dist.is_available() and dist.is_initialized():
@@ -125,7 +133,8 @@ class ECD(Optimizer):
     ``torch.distributed`` process group) :math:`F` is averaged over the ranks before the step; the
     gradients are already averaged by DDP. The random numbers of the chaos term come from a
     generator owned by the optimizer, seeded from torch's global generator at construction (one
-    draw) and saved by :meth:`state_dict`, so a resumed run is identical to an uninterrupted one.
+    draw; under DDP rank 0's draw, broadcast) and saved by :meth:`state_dict`, so a resumed run is
+    identical to an uninterrupted one.
 
     Attributes:
         steps: number of steps taken. skipped_steps: number of steps skipped because
@@ -150,11 +159,21 @@ class ECD(Optimizer):
         self.steps = 0
         self.skipped_steps = 0
         self._generator = torch.Generator(device=params[0].device)
-        self._generator.manual_seed(int(torch.randint(0, 2**62, ())))
+        self._generator.manual_seed(self._chaos_seed(params[0].device))
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
+
+    @staticmethod
+    def _chaos_seed(device: torch.device) -> int:
+        """One draw from torch's global generator; under DDP rank 0's draw, so that every rank
+        adds the same chaos noise (all ranks must then construct the optimizer)."""
+        seed = torch.randint(0, 2**62, ())
+        if dist.is_available() and dist.is_initialized():
+            seed = seed.to(device)  # NCCL broadcasts CUDA tensors only
+            dist.broadcast(seed, src=0)
+        return int(seed)
 
     @staticmethod
     def _validate_group(group: dict) -> None:
@@ -284,8 +303,11 @@ class ECD(Optimizer):
             raise FloatingPointError(f"ECD step {self.steps + 1}: the loss is {F_loss} (not "
                                      "finite); check the model, the data and the learning rate")
         if not all(map(math.isfinite, dots)):
-            bad = next(i for i, p in enumerate(params)
-                       if p.grad is not None and not torch.isfinite(p.grad).all())
+            bad = next((i for i, p in enumerate(params)
+                        if p.grad is not None and not torch.isfinite(p.grad).all()), None)
+            if bad is None:
+                raise FloatingPointError(f"ECD step {self.steps + 1}: the gradients are finite "
+                                         "but the dot product v.g overflowed")
             raise FloatingPointError(f"ECD step {self.steps + 1}: the gradient of parameter {bad} "
                                      f"(shape {tuple(params[bad].shape)}) is not finite")
         F = F_loss + penalty
@@ -341,7 +363,7 @@ class ECD(Optimizer):
                     penalty = penalty + group["weight_decay"] / 2 * (p.double() ** 2).sum()
                 i += 1
         left = grads if first else velocities
-        dots = torch.stack([(u * g).sum().double() for u, g in zip(left, grads)])
+        dots = torch.stack([_dot(u, g) for u, g in zip(left, grads)])
         return grads, torch.as_tensor(penalty, dtype=torch.float64, device=dots.device), dots
 
     def _gather_foreach(self, first: bool, per_tensor: bool):
@@ -368,9 +390,9 @@ class ECD(Optimizer):
             for dtype, idx in self._buckets().items():
                 sizes = [params[j].numel() for j in idx]
                 for j, u, g in zip(idx, left[dtype].split(sizes), grads[dtype].split(sizes)):
-                    dots[j] = torch.dot(u, g).double()
+                    dots[j] = _dot(u, g)
         else:
-            dots = [torch.dot(left[dtype], g).double() for dtype, g in grads.items()]
+            dots = [_dot(left[dtype], g) for dtype, g in grads.items()]
         return grads, penalty, torch.stack(dots)
 
     def _update_reference(self, grads, v_dot_g, kick, chaos) -> None:
@@ -432,7 +454,7 @@ class ECD(Optimizer):
     def _normalise_foreach(slices) -> None:
         """Each buffer ``u`` of ``slices = [(u, s), ...]`` holds its part of the velocity divided
         by ``s``: rescale them all to the unit velocity ``s u / |velocity|``."""
-        speed = torch.stack([s * s * torch.dot(u, u).double() for u, s in slices]).sum().sqrt()
+        speed = torch.stack([s * s * _dot(u, u) for u, s in slices]).sum().sqrt()
         for u, s in slices:
             u.mul_(s / speed)
 
@@ -449,7 +471,7 @@ class ECD(Optimizer):
         super().load_state_dict(state_dict)
         if extra is not None:
             self.steps, self.skipped_steps = int(extra["steps"]), int(extra["skipped_steps"])
-            self._generator.set_state(extra["generator"])
+            self._generator.set_state(extra["generator"].cpu())  # set_state takes CPU bytes
         params = self._params()
         self._flat, self._layout = {}, []
         if all("velocity" in self.state[p] for p in params):  # back into flat buffers
@@ -507,10 +529,11 @@ def _is_embedding(name: str) -> bool:
 
 def _muon(params, lr, *, weight_decay=0.1, betas=(0.9, 0.95), **muon_hp) -> MultiOptimizer:
     """Muon for the 2-D weight matrices, AdamW (same lr and weight decay) for the rest."""
-    named = [(None, p) if isinstance(p, torch.Tensor) else tuple(p) for p in params]
-    if any(isinstance(p, dict) for _, p in named):
+    params = list(params)
+    if any(isinstance(p, dict) for p in params):
         raise ValueError("make_optimizer('muon', ...) takes parameters or (name, parameter) pairs, "
                          "not parameter groups")
+    named = [(None, p) if isinstance(p, torch.Tensor) else tuple(p) for p in params]
     matrices = [p for n, p in named if p.ndim == 2 and not (n and _is_embedding(n))]
     others = [p for n, p in named if not (p.ndim == 2 and not (n and _is_embedding(n)))]
     muon_hp.setdefault("adjust_lr_fn", "match_rms_adamw")

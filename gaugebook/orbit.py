@@ -30,14 +30,13 @@ positive definite solution of ``W Q_A W = Q_B`` (the matrix geometric mean of ``
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
-from gaugebook.linalg import DTYPE
+from gaugebook.linalg import DTYPE, numerical_rank
 from gaugebook.mechanics import grouped_weights
 
 __all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
@@ -151,9 +150,7 @@ def orbit_dimension(m: MultiHeadAttention, *, rtol: float | None = None) -> Orbi
     ``rtol = max(T.shape) * eps_float64`` as in :func:`gaugebook.redundancy.redundancy`)."""
     T = orbit_tangents(m)
     s = torch.linalg.svdvals(T)
-    rtol = max(T.shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
-    rank = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
-    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
+    rank, _, gap = numerical_rank(s, T.shape, rtol)
     return OrbitDimension(T.shape[1], rank, T.shape[1] - rank, s, gap)
 
 
@@ -178,9 +175,13 @@ def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tens
 
 def balancing_element(m: MultiHeadAttention) -> GaugeElement:
     """The gauge element that moves ``m`` to the balanced point of its orbit, where
-    :func:`gaugebook.mechanics.flow_invariants` vanish. Among all points of the orbit it has the
-    smallest ``|W~_Q|_F^2 + |W~_K|_F^2`` and ``|W~_V|_F^2 + |W_O|_F^2`` (for one head without
-    biases, twice the nuclear norms of ``W_Q W_K^T`` and ``W_V W_O``).
+    :func:`gaugebook.mechanics.flow_invariants` vanish. Among the points that the QK and VO
+    transforms reach (``M, N`` in GL) it has the smallest ``|W~_Q|_F^2 + |W~_K|_F^2`` and
+    ``|W~_V|_F^2 + |W_O|_F^2`` (for one head without biases, twice the nuclear norms of
+    ``W_Q W_K^T`` and ``W_V W_O``). With biases it is not the smallest point of the whole orbit:
+    the bias translations (:class:`~gaugebook.gauge.KeyBiasShift`,
+    :class:`~gaugebook.gauge.ValueBiasShift`), which it does not use, can shrink ``b_K`` and
+    ``b_V`` further.
 
     Needs full column rank factors (``d_head, d_value <= d_model``) and no RoPE (the RoPE
     commutant cannot balance a general pair).

@@ -25,6 +25,7 @@ from torch import nn
 from torch.func import jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gaugebook.linalg import numerical_rank
 from gaugebook.redundancy import parameter_function
 
 __all__ = ["ZeroChangeEstimate", "SketchedRank", "directional_changes", "zero_change_estimate",
@@ -73,7 +74,12 @@ def _unit_directions(n_params: int, k: int, generator) -> torch.Tensor:
 def sketch(model: nn.Module, *inputs, directions: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     """``J V^T [n_outputs, k]`` for ``directions V [k, n_params]``: one forward-mode product
     (``torch.func.jvp``) per direction, batched ``chunk`` at a time, in float64."""
-    output, theta = parameter_function(model, *inputs)
+    return _sketch(*parameter_function(model, *inputs), directions, chunk)
+
+
+def _sketch(output, theta: torch.Tensor, directions: torch.Tensor,
+            chunk: int = 128) -> torch.Tensor:
+    """:func:`sketch` of the function ``output`` of the flat parameters at ``theta``."""
     if directions.ndim != 2 or directions.shape[1] != theta.numel():
         raise ValueError(f"directions must have shape [k, n_params={theta.numel()}], "
                          f"got {tuple(directions.shape)}")
@@ -93,7 +99,11 @@ def sketch(model: nn.Module, *inputs, directions: torch.Tensor, chunk: int = 128
 def directional_changes(model: nn.Module, *inputs, directions: torch.Tensor) -> torch.Tensor:
     """``||J v_i|| / ||v_i||`` for each row ``v_i`` of ``directions [k, n_params]``: the first-order
     output change per unit step along ``v_i``."""
-    Y = sketch(model, *inputs, directions=directions)  # (n_outputs, k)
+    return _changes(*parameter_function(model, *inputs), directions)
+
+
+def _changes(output, theta: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    Y = _sketch(output, theta, directions)  # (n_outputs, k)
     return Y.norm(dim=0) / directions.double().norm(dim=1)
 
 
@@ -108,9 +118,9 @@ def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: flo
     """
     if n_directions < 1:
         raise ValueError(f"n_directions must be a positive integer, got {n_directions}")
-    _, theta = parameter_function(model, *inputs)
+    output, theta = parameter_function(model, *inputs)
     V = _unit_directions(theta.numel(), n_directions, generator)
-    changes = directional_changes(model, *inputs, directions=V)
+    changes = _changes(output, theta, V)
     threshold = rtol * changes.max().item()
     n_zero = int((changes <= threshold).sum())
     return ZeroChangeEstimate(theta.numel(), n_directions, changes, threshold, n_zero,
@@ -127,12 +137,9 @@ def sketched_rank(model: nn.Module, *inputs, n_columns: int, rtol: float | None 
     """
     if n_columns < 1:
         raise ValueError(f"n_columns must be a positive integer, got {n_columns}")
-    _, theta = parameter_function(model, *inputs)
+    output, theta = parameter_function(model, *inputs)
     omega = torch.randn(n_columns, theta.numel(), generator=generator, dtype=torch.float64)
-    Y = sketch(model, *inputs, directions=omega, chunk=chunk)  # (n_outputs, k)
+    Y = _sketch(output, theta, omega, chunk)  # (n_outputs, k)
     s = torch.linalg.svdvals(Y)
-    rtol = max(Y.shape) * torch.finfo(torch.float64).eps if rtol is None else rtol
-    tol = rtol * s[0].item()
-    rank = int((s > tol).sum())
-    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else float("inf")
+    rank, tol, gap = numerical_rank(s, Y.shape, rtol)
     return SketchedRank(theta.numel(), n_columns, rank, s, tol, gap)

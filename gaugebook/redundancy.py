@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from torch.func import functional_call, jacfwd, jacrev
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.linalg import numerical_rank
 
 __all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "FlatModel",
            "parameter_function",
@@ -51,12 +51,13 @@ class FlatModel:
     """A float64 copy of ``model`` called as a function of the flat vector ``theta`` of all its
     trainable parameters (``named_parameters()`` order): ``flat(theta) = model(*inputs)``.
 
-    The model is deep-copied (the original stays untouched); floating-point inputs are cast to
-    float64. ``theta`` holds the current parameters.
+    The model is deep-copied (the original stays untouched) and put in eval mode: the function is
+    the model in eval mode, deterministic (no dropout, symmetry-breaking biases at their means).
+    Floating-point inputs are cast to float64. ``theta`` holds the current parameters.
     """
 
     def __init__(self, model: nn.Module, *inputs):
-        self.model = copy.deepcopy(model).double()
+        self.model = copy.deepcopy(model).double().eval()
         self.inputs = tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x
                             for x in inputs)
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -89,8 +90,8 @@ class FlatModel:
 def parameter_function(model: nn.Module, *inputs):
     """``(f, theta)``: the model's output on ``inputs`` as a function ``f(theta) -> [n_outputs]`` of
     the flat vector of all trainable parameters (in ``named_parameters()`` order), and the current
-    ``theta`` [n_params]; both in float64 (a float64 copy of the model, which stays untouched).
-    For a tuple output the first element is used."""
+    ``theta`` [n_params]; both in float64 (a float64 copy of the model in eval mode; the model
+    itself stays untouched). For a tuple output the first element is used."""
     flat = FlatModel(model, *inputs)
 
     def output(theta):  # [n_params] -> [n_outputs]
@@ -121,13 +122,10 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     J = jacobian(model, *inputs)
     n_out, n_params = J.shape
     s = torch.linalg.svdvals(J)
-    rtol = max(J.shape) * torch.finfo(torch.float64).eps if rtol is None else rtol
-    tol = rtol * s[0].item()
-    rank = int((s > tol).sum())
+    rank, tol, gap = numerical_rank(s, J.shape, rtol)
     if rank == n_out < n_params:
         warnings.warn(f"the Jacobian rank equals the number of outputs ({n_out}): use more or "
                       "longer inputs to probe the function fully", stacklevel=2)
-    gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
     return Redundancy(n_params, rank, n_params - rank, s, tol, gap)
 
 

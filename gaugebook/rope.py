@@ -27,7 +27,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor) 
     ``positions [T]``; plane ``(i, i + r/2)`` maps ``(a, b) -> (a cos - b sin, a sin + b cos)``.
     """
     half = frequencies.numel()
-    angles = positions.to(frequencies.dtype)[:, None] * frequencies[None, :]  # [T, r/2]
+    dtype = torch.promote_types(frequencies.dtype, torch.float32)  # bfloat16 rounds 257 to 256
+    angles = positions.to(dtype)[:, None] * frequencies.to(dtype)[None, :]  # [T, r/2]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     a, b, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     return torch.cat([a * cos - b * sin, a * sin + b * cos, rest], dim=-1)

@@ -6,7 +6,8 @@ A loss is handled as a function ``f(theta)`` of the flat float64 parameter vecto
 * :func:`hessian_vector_product` ``H v`` by forward-over-reverse differentiation,
   ``jvp(grad f)(theta; v)`` (:mod:`torch.func`), never forming ``H``;
 * :func:`top_eigenvalue`: the eigenvalue of ``H`` of largest magnitude by power iteration on
-  ``v -> H v / |H v|`` (at a minimum, where ``H`` is positive semi-definite, the largest one);
+  ``v -> H v / |H v|`` (at a minimum, where ``H`` is positive semi-definite, the largest one;
+  where ``H`` is indefinite it may be the most negative one);
 * :func:`hutchinson_trace`: ``tr H = E[z^T H z]`` for Rademacher probes ``z``;
 * :func:`hessian`: the full matrix (``torch.func.hessian``), for tiny models and tests.
 
@@ -33,7 +34,9 @@ respect to ``S`` is ``2 (H_0 w)^T dw/dS``, with no third derivatives.
 
 Key- and value-bias translations are not searched (a key-bias shift is a translation along which
 ``f`` is constant, so it does not change ``H`` at all; the value-bias shift does). RoPE layers are
-refused: their QK group is only the commutant of the rotations (chapter 5).
+refused: their QK group is only the commutant of the rotations (chapter 5). So are models with
+symmetry-breaking biases (chapter 16): ``W_Q -> W_Q M`` does not move the unlearned query bias,
+so the orbit is no longer a set of equal-loss points.
 """
 from __future__ import annotations
 
@@ -41,12 +44,15 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 from torch.func import grad, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
 from gaugebook.linalg import DTYPE
 from gaugebook.redundancy import FlatModel
@@ -60,7 +66,9 @@ class FlatLoss(FlatModel):
 
     ``model`` is deep-copied and cast to float64 (inputs too, where floating point); ``loss``
     maps the model's output (a tensor, or the tuple a :class:`~gaugebook.gpt.GPT` returns) to a
-    scalar. ``theta`` holds the model's trainable parameters in ``named_parameters`` order.
+    scalar. ``theta`` holds the model's trainable parameters in ``named_parameters`` order. The
+    copy is in eval mode (:class:`~gaugebook.redundancy.FlatModel`), so ``f`` is deterministic:
+    no dropout, no resampled biases.
     """
 
     def __init__(self, model: nn.Module, loss: Callable, *inputs):
@@ -103,19 +111,37 @@ class TopEigen:
 
 def _power_iteration(apply: Callable, v: torch.Tensor, max_iter: int, rtol: float) -> TopEigen:
     v = v / v.norm()
-    value, previous = 0.0, None
+    previous = None
     for i in range(1, max_iter + 1):
         w = apply(v)
-        value = torch.dot(v, w).item()  # Rayleigh quotient
+        value = torch.dot(v, w).item()  # Rayleigh quotient at v
         norm = w.norm()
         if norm == 0:
             return TopEigen(0.0, v, i, 0.0)
         residual = ((w - value * v).norm() / abs(value)).item() if value else float("inf")
-        v = w / norm * (1.0 if value >= 0 else -1.0)  # keep the sign stable for value < 0
-        if previous is not None and abs(value - previous) <= rtol * abs(value):
+        if i == max_iter or (previous is not None and abs(value - previous) <= rtol * abs(value)):
             break
+        v = w / norm * (1.0 if value >= 0 else -1.0)  # keep the sign stable for value < 0
         previous = value
-    return TopEigen(value, v, i, residual)
+    return TopEigen(value, v, i, residual)  # value and residual measured at v
+
+
+def _top_algebraic(apply: Callable, v0: torch.Tensor, rtol: float,
+                   max_restarts: int) -> tuple[float, torch.Tensor]:
+    """The largest (algebraic, not absolute) eigenvalue of the symmetric operator ``apply`` and
+    its unit eigenvector, by Lanczos (ARPACK ``eigsh``, ``which="LA"``) warm-started at ``v0``;
+    converged to ``|H v - lambda v| <= rtol |lambda|`` in at most ``max_restarts`` restarts,
+    else ``scipy.sparse.linalg.ArpackNoConvergence``."""
+    n = v0.numel()
+
+    def matvec(x):  # numpy (n,) on the CPU -> numpy (n,); apply runs on v0's device
+        u = torch.from_numpy(np.ascontiguousarray(x).reshape(n)).to(v0)
+        return apply(u).detach().cpu().numpy()
+
+    operator = LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+    values, vectors = eigsh(operator, k=1, which="LA", v0=v0.detach().cpu().numpy(), tol=rtol,
+                            maxiter=max_restarts)
+    return values[0].item(), torch.from_numpy(vectors[:, 0]).to(v0)
 
 
 def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rtol: float = 1e-10,
@@ -166,8 +192,10 @@ def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
 class OrbitMinimum:
     """Result of :func:`minimise_over_orbit`.
 
-    ``element.act(model)`` is the flattest point found; ``sharpness`` is its top Hessian
-    eigenvalue, ``initial`` the one at ``model``; ``history`` has one value per step.
+    ``element.act(model)`` is the flattest point found; ``sharpness`` is its top (largest,
+    not largest in magnitude) Hessian eigenvalue, ``initial`` the one at ``model``; ``history``
+    has one value per step (each converged, also with ``method="hvp"``), and
+    ``sharpness == min(history)``.
     """
 
     sharpness: float
@@ -188,6 +216,12 @@ def _layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     if rope:
         raise ValueError(f"orbit minimisation needs the full GL(d_head) QK group, but {rope[0]} "
                          "uses RoPE (whose QK group is only the commutant of the rotations)")
+    breaking = [name or type(m).__name__ for name, m in model.named_modules()
+                if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
+    if breaking:
+        raise ValueError(f"{type(model).__name__} has symmetry-breaking biases ({breaking[0]}): "
+                         "W_Q -> W_Q M does not move them, so the gauge orbit is not a set of "
+                         "equal-loss points (chapter 16)")
     return layers
 
 
@@ -226,8 +260,10 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
 
     * ``"dense"``: form ``H_0`` once, then ``A^{-1}`` as a matrix each step, and differentiate
       ``eigvalsh(A^{-1} H_0 A^{-1})[-1]`` (exact; for up to a few thousand parameters);
-    * ``"hvp"``: warm-started power iteration with Hessian-vector products at the starting
-      point (at most ``power_iters`` per step) and the Hellmann-Feynman gradient
+    * ``"hvp"``: Lanczos (``scipy.sparse.linalg.eigsh``, largest algebraic eigenvalue)
+      warm-started at the previous step's eigenvector, with Hessian-vector products at the
+      starting point, converged to ``rtol`` in at most ``power_iters`` Lanczos restarts per
+      step (else ``ArpackNoConvergence``), and the Hellmann-Feynman gradient
       ``2 (H_0 w)^T dw/dS``, ``w = A^{-1} v``;
     * ``"auto"``: ``"dense"`` when the model has at most ``dense_limit`` parameters.
 
@@ -264,10 +300,9 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
 def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, rtol, generator):
     L = FlatLoss(model, loss, *inputs)
     theta0 = L.theta
-    S_qk = {p: torch.zeros(m.n_kv_heads, m.d_head, m.d_head, dtype=DTYPE, requires_grad=True)
-            for p, m in layers}
-    S_vo = {p: torch.zeros(m.n_kv_heads, m.d_value, m.d_value, dtype=DTYPE, requires_grad=True)
-            for p, m in layers}
+    zeros = dict(dtype=DTYPE, device=theta0.device, requires_grad=True)
+    S_qk = {p: torch.zeros(m.n_kv_heads, m.d_head, m.d_head, **zeros) for p, m in layers}
+    S_vo = {p: torch.zeros(m.n_kv_heads, m.d_value, m.d_value, **zeros) for p, m in layers}
     variables = list(S_qk.values()) + list(S_vo.values())
     opt = torch.optim.Adam(variables, lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
@@ -283,7 +318,7 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, 
 
     if method == "dense":
         H0 = hessian(L, theta0)
-        eye = torch.eye(theta0.numel(), dtype=DTYPE)
+        eye = torch.eye(theta0.numel(), dtype=DTYPE, device=theta0.device)
 
         def sharpness_step(_):
             A_inv = inverse_action(eye, inverse_matrices())  # (n, n), symmetric
@@ -297,13 +332,13 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, 
             matrices = inverse_matrices()
             with torch.no_grad():
                 fixed = tuple({p: X.detach() for p, X in d.items()} for d in matrices)
-                eig = _power_iteration(
+                value, v = _top_algebraic(
                     lambda u: inverse_action(hvp0(inverse_action(u, fixed)), fixed), v,
-                    power_iters, rtol)
-            w = inverse_action(eig.vector, matrices)  # differentiable in S
-            return eig.value, 2 * torch.dot(hvp0(w.detach()), w), eig.vector
+                    rtol, power_iters)
+            w = inverse_action(v, matrices)  # differentiable in S
+            return value, 2 * torch.dot(hvp0(w.detach()), w), v
 
-    v = torch.randn(theta0.shape, generator=generator, dtype=DTYPE)
+    v = torch.randn(theta0.shape, generator=generator, dtype=DTYPE).to(theta0.device)
     history, best, best_S = [], None, None
     for step in range(steps + 1):
         value, surrogate, v = sharpness_step(v)

@@ -205,3 +205,21 @@ def test_sample_align_keeps_the_closest_sample():
     assert (logits(result.model, idx) - logits(b, idx)).abs().max() < 1e-10
     with pytest.raises(ValueError):
         sample_align(a, b, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_alignment_keeps_models_on_their_device():
+    gen = torch.Generator().manual_seed(9)
+    a = generic_gpt(0).cuda()
+    perm = torch.randperm(16, generator=gen)
+    b = permute_residual(a, perm)
+    assert b.wte.weight.is_cuda
+    assert torch.equal(perm[match_residual(a, b).cpu()], torch.arange(16))
+    assert torch.equal(match_heads(a.blocks[0].attn, a.blocks[0].attn).cpu(), torch.arange(4))
+    X, Y = (torch.randn(n, 3, generator=gen, dtype=DTYPE).cuda() for n in (8, 7))
+    M0 = random_gl(3, 5.0, generator=gen).cuda()
+    M = align_factors(X, Y, X @ torch.linalg.inv(M0), Y @ M0.T)
+    assert M.is_cuda and torch.allclose(M, M0, atol=1e-8)
+    result = sample_align(a, generic_gpt(1).cuda(), 3, generator=gen)
+    assert result.model.wte.weight.is_cuda
+    assert abs(result.distance - min(result.distances)) < 1e-9

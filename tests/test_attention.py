@@ -66,7 +66,26 @@ def test_rope_base_is_configurable():
     assert a.rope_freqs[1] != b.rope_freqs[1]
 
 
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half()])
+def test_rope_frequencies_stay_float64_when_the_module_is_cast(cast):
+    m = cast(MultiHeadAttention(8, 2, 4, rope=True))
+    assert m.rope_freqs.dtype == torch.float64
+    torch.testing.assert_close(m.rope_freqs, rope_frequencies(4))
+    x = torch.ones(1, 258, 8, dtype=m.W_Q.dtype)  # the same token everywhere: q_t = q R_t
+    q, _, _ = m.project(x)
+    assert not torch.equal(q[:, :, 257], q[:, :, 256])
+
+
+def test_rotate_counts_positions_exactly_with_bfloat16_frequencies():
+    x = torch.ones(1, 258, 2, dtype=torch.bfloat16)
+    y = rotate(x, torch.arange(258), torch.ones(1, dtype=torch.bfloat16))
+    assert not torch.equal(y[0, 257], y[0, 256])
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=8, n_heads=2, d_head=4, rotary_dim=2), "rotary_dim=2 needs rope"),
+    (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=1.0), "rope_base must be greater"),
+    (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=0.5), "rope_base must be greater"),
     (dict(d_model=8, n_heads=6, d_head=4, n_kv_heads=4), "not divisible"),
     (dict(d_model=0, n_heads=2, d_head=4), "d_model"),
     (dict(d_model=8, n_heads=2, d_head=4, rope="yes"), "rope must be"),

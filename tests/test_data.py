@@ -347,3 +347,20 @@ def test_tiny_shakespeare_offline(tmp_path):
     message = str(error.value)
     assert url in message and str(tmp_path / "tinyshakespeare.txt") in message
     assert TINY_SHAKESPEARE_SHA256 in message
+
+
+def test_text_batches_reach_the_last_token():
+    ids = np.arange(20)
+    stream = text_batches(ids, 8, 4, seed=0)
+    assert max(int(next(stream).targets.max()) for _ in range(10)) == 19
+    only = next(text_batches(np.arange(5), 2, 4, seed=0))  # one window: the whole sequence
+    assert only.inputs.tolist() == [[0, 1, 2, 3]] * 2
+    with pytest.raises(ValueError, match="at least block_size \\+ 1 = 5 tokens"):
+        text_batches(np.arange(4), 2, 4, seed=0).__next__()
+
+
+def test_char_tokenizer_refuses_ids_outside_its_vocabulary():
+    chars = CharTokenizer("abc")
+    assert chars.decode([0, 2]) == "ac"
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 3\), got -1\.\.-1"):
+        chars.decode([-1])

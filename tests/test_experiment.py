@@ -134,3 +134,80 @@ def test_state_bytes_count_tensors_held_in_lists():
     opt.state[p] = {"step": torch.tensor(3.0), "pre": [torch.zeros(3, 3), torch.zeros(4, 4)],
                     "m": torch.zeros(3, 4)}
     assert optimizer_state_bytes(opt) == 4 * (9 + 16 + 12)
+
+
+def test_sweep_runs_have_distinct_names_and_gpu_names_are_unchanged():
+    sweep = select_runs("sweep")
+    assert len({r.name for r in sweep}) == len(sweep) == 18
+    assert "ecd-bqv-prelu-s0-lr=0.5-F0=2" in {r.name for r in sweep}
+    assert "ecd-symmetric-prelu-s0" in {r.name for r in select_runs("gpu", "seed0")}
+    assert override(tiny(), ["tag=lr=3e-4"]).name == "ecd-bqv-prelu-s0-lr=3e-4"
+    assert override(tiny(), ["tag=1e-3"]).tag == "1e-3"  # a string, although it parses as JSON
+
+
+def test_a_result_or_checkpoint_of_other_settings_is_refused(tmp_path):
+    cfg = tiny(steps=4)
+    train(cfg, tmp_path / "done")
+    other = tiny(steps=4, optimizer_hp=dict(lr=0.5, eta=100.0, F0=1.0))
+    with pytest.raises(ValueError, match=r"done/ecd-bqv-prelu-s0\.json holds run .*optimizer_hp"
+                                         r".*another --out, or give this run a tag"):
+        train(other, tmp_path / "done")
+    assert train(override(other, ["tag=lr0.5"]), tmp_path / "done")["name"].endswith("-lr0.5")
+    cut = tmp_path / "cut"
+    train(tiny(steps=8), cut, stop_after=4)
+    with pytest.raises(ValueError, match=r"ecd-bqv-prelu-s0\.pt holds run .*steps: 8 there, 9"):
+        train(tiny(steps=9), cut)
+    ckpt_path = cut / "checkpoints" / "ecd-bqv-prelu-s0.pt"  # from before configs were saved
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    del ckpt["config"]
+    torch.save(ckpt, ckpt_path)
+    assert train(tiny(steps=8), cut)["steps_done"] == 8
+
+
+def test_a_run_out_of_time_is_evaluated_at_its_last_step(tmp_path):
+    result = train(tiny(max_wall_s=1e-9), tmp_path)
+    assert result["truncated"] and result["steps_done"] == 1
+    assert result["history"]["step"] == [1] and result["final_val_loss"] is not None
+
+
+def test_a_result_removes_the_error_file_of_an_earlier_try(tmp_path):
+    cfg = tiny(steps=4)
+    write_json_atomic(tmp_path / f"{cfg.name}.error.json", {"error": "out of memory"})
+    train(cfg, tmp_path)
+    assert not (tmp_path / f"{cfg.name}.error.json").exists()
+
+
+@pytest.mark.parametrize("assignment, match", [
+    ("steps=abc", "steps must be an integer >= 1, got 'abc'"),
+    ("checkpoint_every=0", "checkpoint_every must be an integer >= 1, got 0"),
+    ("eval_batches=-1", "eval_batches must be an integer >= 1"),
+    ("seed=1.5", "seed must be an integer >= 0"),
+    ("optimizer=adam", "unknown optimizer 'adam'; valid: .*'ecd'"),
+    ("activation=relu", "unknown activation 'relu'; valid: .*'prelu'"),
+    ("block_size=16", "block_size must be >= 32 .*probes.*got 16"),
+    ("max_wall_s=0", "max_wall_s must be None or a positive number"),
+    ("compile=1", "compile must be true or false"),
+    ("tag=a/b", "tag must be a string .* got 'a/b'"),
+])
+def test_bad_run_settings_are_refused_up_front(assignment, match):
+    with pytest.raises(ValueError, match=match):
+        override(tiny(), [assignment])
+
+
+class _OffCPU:
+    """Stands in for a tensor on an accelerator: only ``.cpu()`` gives the tensor back."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def cpu(self):
+        return self._tensor
+
+
+def test_random_states_are_moved_to_the_cpu_before_they_are_restored():
+    from gaugebook.experiment import _rng_state, _set_rng_state
+
+    state = _rng_state(torch.device("cpu"))
+    expected = torch.rand(3)
+    _set_rng_state({**state, "torch": _OffCPU(state["torch"])}, torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected)

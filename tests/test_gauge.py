@@ -4,6 +4,7 @@ import torch
 from conftest import tolerance
 from gaugebook import gauge
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.gpt import GPT, GPTConfig
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
                              ValueBiasShift, VOTransform, invariance_error, random_element)
 from gaugebook.linalg import random_gl
@@ -187,3 +188,47 @@ def test_elements_act_on_attention_inside_larger_models(generator):
     g = random_element(model, generator=generator)
     assert {f.target for f in g.factors} == {"0", "1"}
     assert invariance_error(g, model, x) < 1e-12
+
+
+def test_stochastic_model_sees_the_same_noise_in_both_passes(generator):
+    gpt = GPT(GPTConfig(11, 6, 1, 2, 6, symmetry_breaking="bq")).double()  # training mode: random
+    idx = torch.randint(0, 11, (2, 6), generator=generator)
+    state = torch.random.get_rng_state()
+    assert invariance_error(gauge.identity(), gpt, idx) == 0
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's stream is untouched
+    dropout = torch.nn.Sequential(make("mha-bias", torch.float64, generator), torch.nn.Dropout(0.5))
+    x = inputs(dropout[0], generator)
+    assert invariance_error(random_element(dropout, generator=generator), dropout, x) < 1e-12
+
+
+def test_all_zero_reference_output_is_rejected(generator):
+    m = MultiHeadAttention(4, 2, 2, generator=generator)  # no biases: zero in, zero out
+    with pytest.raises(ValueError, match="reference output .* is all zero"):
+        invariance_error(random_element(m, generator=generator), m, torch.zeros(1, 3, 4))
+
+
+@pytest.mark.parametrize("flavour", ["gqa", "partial-rope"])
+def test_factors_move_to_the_module_device(flavour, generator):
+    m = make(flavour, torch.float32, generator).to("meta")  # the meta device stands in for a GPU
+    g = random_element(m, generator=generator)  # built on the CPU, in float64
+    assert all(p.device.type == "meta" for p in g.act(m).parameters())
+
+
+def test_bias_shifts_are_validated():
+    t = KeyBiasShift([[0.5, 0.0], [0.0, 0.5]]).t  # a nested list is accepted
+    assert t.dtype == torch.float64 and t.shape == (2, 2)
+    with pytest.raises(ValueError, match=r"KeyBiasShift.t must have shape .* got shape \(2,\)"):
+        KeyBiasShift(torch.zeros(2))
+    with pytest.raises(ValueError, match="ValueBiasShift.t has non-finite entries"):
+        ValueBiasShift(torch.full((2, 2), float("inf")))
+
+
+@pytest.mark.parametrize("rotary_dim", [0, 3, 6])
+def test_rope_commutant_element_checks_the_rotary_dimension(rotary_dim):
+    with pytest.raises(ValueError, match=f"at most d_head=4, got {rotary_dim}"):
+        gauge.rope_commutant_element(4, rotary_dim, 10.0)
+
+
+def test_factors_compare_by_identity():
+    a, b = QKTransform(torch.eye(2)[None]), QKTransform(torch.eye(2)[None])
+    assert a == a and a != b and len({a, b}) == 2

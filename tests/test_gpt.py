@@ -254,3 +254,14 @@ def test_generate():
     assert torch.equal(out[:, 4], greedy)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(idx, 1, temperature=0.0)
+
+
+def test_generate_samples_in_eval_mode_and_restores_the_mode():
+    torch.manual_seed(0)
+    model = generic(GPT(config(symmetry_breaking="bqv")))  # training mode: biases drawn afresh
+    idx = tokens(1, batch=2, length=4)
+    sampled = model.generate(idx, 6, top_k=1)
+    assert model.training
+    assert torch.equal(sampled, model.eval().generate(idx, 6, top_k=1))
+    with pytest.raises(ValueError, match="top_k must be None or a positive integer, got 0"):
+        model.generate(idx, 1, top_k=0)

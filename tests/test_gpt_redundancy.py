@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from gaugebook.gpt import GPT, Block, GPTConfig
-from gaugebook.gpt_redundancy import (TERMS, LogProbabilities, make_generic_, parameter_count,
-                                      positive_fraction, redundancy_terms, redundant_directions)
+from gaugebook.gpt_redundancy import (TERMS, LogProbabilities, block_terms, make_generic_,
+                                      parameter_count, positive_fraction, redundancy_terms,
+                                      redundant_directions)
 from gaugebook.redundancy import jacobian, predicted_redundancy, redundancy
 
 V, T = 11, 6
@@ -107,6 +108,17 @@ def test_training_mode_with_breaking_is_rejected():
         predicted_redundancy(gpt)
     logits_terms = redundancy_terms(gpt.config, output="logits")
     assert predicted_redundancy(gpt.eval()) == sum(logits_terms.values())
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(activation="relu"), "activation must be one of .*got 'relu'"),
+    (dict(d_model=7), "d_model=7 is not divisible by n_head=2"),
+    (dict(n_kv_head=3), "n_head=2 is not divisible by n_kv_head=3"),
+])
+def test_block_terms_rejects_what_it_cannot_count(kw, message):
+    shape = dict(d_model=6, n_head=2, n_kv_head=2, bias=True, activation="gelu")
+    with pytest.raises(ValueError, match=message):
+        block_terms(**{**shape, **kw})
 
 
 def test_bad_arguments():

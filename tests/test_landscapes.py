@@ -175,6 +175,27 @@ def test_ecd_path_validates():
         ecd_path(sombrero, [1.0, 1.0], lr=0.1, eta=1.0, F0=-1.0, steps=0)
 
 
+@pytest.mark.parametrize("bad, match", [
+    (dict(eta=0.0), r"eta must be finite and > 0"),
+    (dict(eta=-1.0), r"eta must be finite and > 0"),
+    (dict(nu=-0.1), r"nu must be finite and >= 0"),
+    (dict(F0=float("nan")), r"F0 must be a finite real number, got nan"),
+    (dict(F0=-math.inf), r"F0 must be a finite real number"),
+])
+def test_ecd_path_validates_hyperparameters(bad, match):
+    hp = dict(lr=0.1, eta=1.0, F0=-1.0, steps=3) | bad
+    with pytest.raises(ValueError, match=match):
+        ecd_path(sombrero, [1.0, 1.0], **hp)
+
+
+def test_ecd_path_raises_on_a_non_finite_loss():
+    def F(x):  # NaN for x_1 < 0, where the path goes
+        return torch.log(x[0]) ** 2 + x[1] ** 2
+
+    with pytest.raises(FloatingPointError, match="step 2 .* not finite"):
+        ecd_path(F, [0.05, 1.0], lr=1.0, eta=10.0, F0=0.0, steps=6, v0=[-1.0, 0.0])
+
+
 def test_optimizer_path_with_gradient_descent():
     xs, losses = optimizer_path(lambda x: 0.5 * (x * x).sum(), [1.0, -2.0],
                                 lambda p: torch.optim.SGD(p, lr=0.1), 5)

@@ -109,6 +109,32 @@ def test_load_balancing_loss_values():
         load_balancing_loss(uniform, torch.zeros(n, E + 1, dtype=torch.long))
 
 
+def test_load_balancing_loss_maximum_is_E_over_k():
+    n, k = 10, 2
+    probs = torch.zeros(n, E, dtype=torch.float64)
+    probs[:, :k] = 1.0 / k  # every token: the same k experts, all the probability on them
+    chosen = torch.arange(k).expand(n, k)
+    assert load_balancing_loss(probs, chosen).item() == pytest.approx(E / k)
+
+
+def test_load_balancing_loss_rejects_an_empty_batch():
+    with pytest.raises(ValueError, match="at least one token, got probs of shape"):
+        load_balancing_loss(torch.zeros(0, E), torch.zeros(0, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one token"):
+        layer()(torch.zeros(0, D, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_symmetries_keep_the_layer_on_its_device():
+    m = layer(activation="relu", router_bias=True).cuda()
+    x = tokens().cuda()
+    perm = torch.stack([torch.randperm(DH) for _ in range(E)])
+    for out in (shift_router(m, torch.ones(D), 0.5), rescale_hidden(m, torch.full((E, DH), 2.0)),
+                permute_experts(m, torch.arange(E).flip(0)), permute_hidden(m, perm)):
+        assert out.W_r.is_cuda
+        assert relative(out(x).output, m(x).output) < 1e-12
+
+
 def test_load_balancing_loss_gradient_reaches_only_the_router():
     m = layer()
     m(tokens()).aux_loss.backward()

@@ -57,6 +57,12 @@ def test_stabiliser_projection():
     assert torch.equal(P[1], torch.eye(3, dtype=F64))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_stabiliser_projection_stays_on_the_device():
+    b = torch.tensor([1.0, 2.0, 2.0], dtype=F64, device="cuda")
+    assert stabiliser_projection(b).is_cuda
+
+
 def test_protocol_shifts():
     g = torch.Generator().manual_seed(0)
     assert torch.equal(protocol_shifts(4, 3, spread=0.0, generator=g), torch.full((3, 4), 0.5,

@@ -399,3 +399,42 @@ def test_muon_gets_the_matrices_adamw_the_rest():
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     assert [p for g in muon.param_groups for p in g["params"]] == [model["fc"].weight]
     assert len([p for g in adamw.param_groups for p in g["params"]]) == 4  # wte, fc.bias, ln x2
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_float16_dot_products_do_not_overflow(foreach):
+    w = nn.Parameter(torch.zeros(4000, dtype=torch.float16))  # g.g = 4000 * 25 > 65504
+    opt = ECD([w], lr=0.1, eta=1.0, F0=-1e3, foreach=foreach)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w.float() * 5).sum() + 10  # gradient 5 in float16
+        loss.backward()
+        return loss
+    for _ in range(2):
+        opt.step(closure)
+    v = opt.state[w]["velocity"].float()
+    assert torch.isfinite(w).all() and v.norm().item() == pytest.approx(1.0, abs=1e-2)
+
+
+def test_muon_refuses_parameter_groups():
+    with pytest.raises(ValueError, match="not parameter groups"):
+        make_optimizer("muon", [{"params": list(mlp().parameters())}], lr=1e-3)
+
+
+def test_load_state_dict_moves_the_generator_state_to_the_cpu():
+    """A checkpoint loaded onto an accelerator holds the chaos generator's state there;
+    ``Generator.set_state`` takes CPU bytes only (simulated: ``.cpu()`` gives the tensor)."""
+    class OffCPU:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def cpu(self):
+            return self.tensor
+
+    opt = ECD(mlp().parameters(), lr=0.1, eta=1.0, F0=0.0, nu=0.1)
+    state = opt.state_dict()
+    expected = torch.randn(3, generator=opt._generator)  # drawn after the state was saved
+    state["ecd"] = {**state["ecd"], "generator": OffCPU(state["ecd"]["generator"])}
+    opt.load_state_dict(state)
+    assert torch.equal(torch.randn(3, generator=opt._generator), expected)

@@ -1,8 +1,10 @@
+import copy
+
 import pytest
 import torch
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.redundancy import factor_redundancy, predicted_redundancy, redundancy
+from gaugebook.redundancy import factor_redundancy, jacobian, predicted_redundancy, redundancy
 
 # (d_model, n_heads, d_head, kwargs): every attention flavour, including d_head > d_model.
 ARCHITECTURES = {
@@ -79,3 +81,12 @@ def test_unsupported_model_is_rejected():
     frozen = torch.nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         redundancy(frozen, torch.randn(3, 2))
+
+
+def test_the_function_is_the_model_in_eval_mode(generator):
+    """Dropout in training mode would make the Jacobian random: it is taken in eval mode."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5)).double()  # training
+    x = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    expected = jacobian(copy.deepcopy(model).eval(), x)
+    torch.testing.assert_close(jacobian(model, x), expected)
+    assert model.training  # the model itself is untouched
