@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from bench_training import median_step_seconds  # this folder is on sys.path
 from gaugebook import optim
 from gaugebook.experiment import provenance
 from gaugebook.gpt import GPT, GPTConfig
@@ -50,16 +49,8 @@ def median_step_ms(make_optimizer, device: torch.device, reps: int) -> float:
     model = GPT(MODEL).to(device)
     for p in model.parameters():
         p.grad = 1e-2 * torch.randn_like(p)
-    opt, loss, times = make_optimizer(model.parameters()), torch.tensor(3.0, device=device), []
-    for _ in range(reps + 3):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        opt.step(lambda: loss)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[3:])
+    loss = torch.tensor(3.0, device=device)
+    return 1e3 * median_step_seconds(make_optimizer(model.parameters()), loss, device, reps)
 
 
 def main(argv=None) -> dict:

@@ -91,6 +91,20 @@ def trainer_tokens_per_s(size: dict, steps: int, device, *, compile=True, bf16=T
     return steps * size["batch_size"] * size["block_size"] / seconds
 
 
+def median_step_seconds(opt, loss: torch.Tensor, device, reps: int) -> float:
+    """Median seconds of ``opt.step`` over ``reps`` steps after three untimed ones, each between
+    two device synchronisations. The gradients stay in ``.grad`` and the closure returns ``loss``:
+    this times the update alone."""
+    times = []
+    for _ in range(reps + 3):
+        _sync(device)
+        start = time.perf_counter()
+        opt.step(lambda: loss)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:])
+
+
 def optimizer_step_times(size: dict, device, reps: int) -> dict:
     """Median seconds of one ECD and one AdamW step on identical parameters and gradients.
 
@@ -109,14 +123,8 @@ def optimizer_step_times(size: dict, device, reps: int) -> dict:
         loss.backward()
         loss = loss.detach()
         opt = make_optimizer(name, model.parameters(), **hp)
-        times = []
-        for _ in range(reps + 3):
-            _sync(device)
-            t = time.perf_counter()
-            opt.step(lambda: loss)  # gradients stay in .grad: this times the update alone
-            _sync(device)
-            times.append(time.perf_counter() - t)
-        out[name] = {"step_s": statistics.median(times[3:]), "fused": name == "adamw" and
+        out[name] = {"step_s": median_step_seconds(opt, loss, device, reps),
+                     "fused": name == "adamw" and
                      bool(opt.defaults.get("fused")),
                      "state_bytes": optimizer_state_bytes(opt),
                      "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}

@@ -115,6 +115,14 @@ def _mojibake() -> list[str]:
     return list(seen)
 
 
+def _checked_ids(ids, vocab_size: int) -> np.ndarray:
+    """``ids`` flattened; ValueError when any is outside ``[0, vocab_size)``."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size}), got {ids.min()}..{ids.max()}")
+    return ids
+
+
 class WordTokenizer:
     """Word-level tokenizer of the default corpus; words are separated by single spaces.
 
@@ -226,10 +234,7 @@ class WordTokenizer:
         return [self.index[w] for w in words]
 
     def decode(self, ids) -> str:
-        ids = np.asarray(ids).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}), "
-                             f"got {ids.min()}..{ids.max()}")
+        ids = _checked_ids(ids, self.vocab_size)
         return " ".join(self.words[i] for i in ids)
 
 
@@ -866,10 +871,7 @@ class CharTokenizer:
         return [self.index[c] for c in text]
 
     def decode(self, ids) -> str:
-        ids = np.asarray(ids).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}), "
-                             f"got {ids.min()}..{ids.max()}")
+        ids = _checked_ids(ids, self.vocab_size)
         return "".join(self.chars[i] for i in ids)
 
 

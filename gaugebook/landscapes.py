@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from gaugebook.optim import _number
+from gaugebook.optim import _finite, _number
 
 __all__ = ["rosenbrock", "multiwell", "sombrero", "angular_momentum", "leapfrog",
            "explicit_euler", "gradient_descent", "ECDPath", "ecd_kappa", "ecd_path",
@@ -169,8 +169,7 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
         raise ValueError("ecd_path needs at least one step")
     eta = _number("eta", eta, low=0.0, strict=True)
     nu = _number("nu", nu, low=0.0, strict=False)
-    if not math.isfinite(F0):
-        raise ValueError(f"F0 must be a finite real number, got {F0!r}")
+    F0 = _finite("F0", F0)
     x = torch.as_tensor(x0, dtype=torch.float64).clone()
     d = x.numel()
     kappa, dt = ecd_kappa(eta, d), lr / math.sqrt(eta)

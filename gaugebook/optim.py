@@ -53,6 +53,17 @@ def _dot(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.dot(u.reshape(-1), g.reshape(-1)).double()
 
 
+def _finite(name: str, value) -> float:
+    """``value`` as a finite float; ValueError otherwise."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    return x
+
+
 def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
     """Average a scalar over the ranks of an initialised process group (DDP); identity otherwise."""
     if dist.is_available() and dist.is_initialized():
@@ -181,12 +192,7 @@ class ECD(Optimizer):
         _number("eta", group["eta"], low=0.0, strict=True)
         _number("nu", group["nu"], low=0.0, strict=False)
         _number("weight_decay", group["weight_decay"], low=0.0, strict=False)
-        try:
-            F0_finite = math.isfinite(float(group["F0"]))
-        except (TypeError, ValueError):
-            F0_finite = False
-        if not F0_finite:
-            raise ValueError(f"F0 must be a finite real number, got {group['F0']!r}")
+        _finite("F0", group["F0"])
         if group["projection"] not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, "
                              f"got {group['projection']!r}")
