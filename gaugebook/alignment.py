@@ -41,7 +41,7 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
                              ValueBiasShift, VOTransform)
 from gaugebook.gpt import GPT
-from gaugebook.linalg import DTYPE, random_gl
+from gaugebook.linalg import DTYPE, check_permutation, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
@@ -295,10 +295,7 @@ def permute_residual(model: GPT, perm: torch.Tensor) -> GPT:
     (the same function: LayerNorm statistics and the tied unembedding are permutation
     invariant)."""
     out = copy.deepcopy(model)
-    perm = torch.as_tensor(perm, dtype=torch.long).cpu()
-    if not torch.equal(perm.sort().values, torch.arange(model.config.n_embd)):
-        raise ValueError(f"perm must be a permutation of 0..{model.config.n_embd - 1}")
-    perm = perm.to(model.wte.weight.device)
+    perm = check_permutation(perm, model.config.n_embd).to(model.wte.weight.device)
     with torch.no_grad():
         for w, axis in _residual_axes(out):
             w.copy_(w.index_select(axis, perm))

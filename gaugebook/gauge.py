@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.linalg import DTYPE, check_invertible, random_gl, spread
+from gaugebook.linalg import DTYPE, check_invertible, check_permutation, random_gl, spread
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
@@ -142,10 +142,7 @@ class HeadPermutation(Factor):
     perm: torch.Tensor  # [n_heads], a permutation
 
     def __post_init__(self):
-        perm = torch.as_tensor(self.perm, dtype=torch.long)
-        if perm.ndim != 1 or not torch.equal(perm.sort().values, torch.arange(len(perm))):
-            raise ValueError(f"perm must be a permutation of 0..n-1, got {perm.tolist()}")
-        object.__setattr__(self, "perm", perm)
+        object.__setattr__(self, "perm", check_permutation(self.perm))
 
     def kv_permutation(self, group_size: int) -> torch.Tensor:
         """The induced permutation of key/value heads; error if groups are split."""

@@ -1,4 +1,5 @@
-"""Random matrices with a prescribed condition number, checks for singular ones, numerical rank."""
+"""Random matrices with a prescribed condition number, checks of group elements (invertible
+matrices, permutations), numerical rank."""
 from __future__ import annotations
 
 import math
@@ -72,3 +73,14 @@ def check_invertible(matrices: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name}[{bad[0]}] is singular (condition number "
                          f"{cond[bad[0]].item():.3g} >= 1/eps = {limit:.3g})")
     return matrices
+
+
+def check_permutation(perm, n: int | None = None, name: str = "perm") -> torch.Tensor:
+    """Validate a permutation of ``0..n-1`` (``n = len(perm)`` when ``None``); return it as a
+    ``long`` tensor on the CPU, wherever ``perm`` lives (the check compares with a CPU
+    ``arange``; actions move it to their module's device)."""
+    perm = torch.as_tensor(perm, dtype=torch.long).detach().cpu()
+    n = perm.numel() if n is None else n
+    if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
+        raise ValueError(f"{name} must be a permutation of 0..{n - 1}, got {perm.tolist()}")
+    return perm

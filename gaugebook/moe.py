@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gaugebook.linalg import check_permutation
 from gaugebook.redundancy import predicted_redundancy
 
 __all__ = ["MoE", "MoEOutput", "ACTIVATIONS", "load_balancing_loss", "permute_experts",
@@ -212,10 +213,7 @@ def _check_moe(moe) -> None:
 
 def _permutation(perm, n: int, what: str, device: torch.device) -> torch.Tensor:
     """``perm`` checked on the CPU, returned on ``device`` (the parameters' device)."""
-    perm = torch.as_tensor(perm, dtype=torch.long).cpu()
-    if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
-        raise ValueError(f"{what} must be a permutation of 0..{n - 1}, got {perm.tolist()}")
-    return perm.to(device)
+    return check_permutation(perm, n, what).to(device)
 
 
 def permute_experts(moe: MoE, perm) -> MoE:

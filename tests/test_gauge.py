@@ -232,3 +232,15 @@ def test_rope_commutant_element_checks_the_rotary_dimension(rotary_dim):
 def test_factors_compare_by_identity():
     a, b = QKTransform(torch.eye(2)[None]), QKTransform(torch.eye(2)[None])
     assert a == a and a != b and len({a, b}) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_head_permutation_accepts_a_gpu_permutation(generator):
+    """``align_gpt`` and ``sample_align`` pass permutations on the module's device: the check
+    must not compare a CUDA ``perm`` with a CPU ``arange``."""
+    m = make("gqa", torch.float64, generator).cuda()
+    perm = torch.tensor([2, 3, 0, 1], device="cuda")
+    moved = GaugeElement([HeadPermutation(perm)]).act(m)
+    assert torch.equal(moved.W_Q, m.W_Q[perm]) and torch.equal(moved.W_K, m.W_K[perm[::2] // 2])
+    with pytest.raises(ValueError, match="permutation"):
+        HeadPermutation(torch.tensor([0, 0, 1], device="cuda"))
