@@ -2,7 +2,8 @@
 #
 #   make book   set up .venv if needed, execute every notebook (CPU) and build _build/html
 #   make test   set up .venv if needed, then: unit tests, every notebook under nbval, the strict
-#               book build from a clean _build, and the headless-Chromium check of the pages
+#               book build from a clean _build, the headless-Chromium check of the pages, and the
+#               release artefacts (sdist and wheel built, checked by twine)
 #
 # The set-up is stamped (.venv/.installed, _vendor/.installed): re-running only redoes what changed.
 
@@ -35,11 +36,13 @@ PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 HTML_INDEX := _build/html/index.html
 
-.PHONY: help venv assets book test test-unit test-notebooks test-book test-rendered clean distclean
+.PHONY: help venv assets book test test-unit test-notebooks test-book test-rendered test-package \
+	clean distclean
 
 help:
 	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
-	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check"
+	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check,"
+	@echo "            sdist and wheel (python -m build, twine check)"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
 	@echo "make clean  remove _build and $(VENDOR); make distclean also removes $(VENV), node_modules"
@@ -91,7 +94,7 @@ book: $(VENV_STAMP) $(VENDOR_STAMP)
 
 # --- tests ------------------------------------------------------------------------------------
 
-test: test-unit test-notebooks test-book test-rendered
+test: test-unit test-notebooks test-book test-rendered test-package
 	@echo "All tests passed."
 
 test-unit: $(VENV_STAMP)
@@ -115,10 +118,24 @@ test-rendered: $(VENV_STAMP)
 	$(BIN)/python .ci/check_rendered.py _build/html; \
 	echo "[time] rendered-page check: $$(( $$(date +%s) - start )) s"
 
+# The release artefacts: sdist and wheel into dist/, their metadata checked as PyPI would, and the
+# wheel must ship py.typed and carry the version of gaugebook/__init__.py (its one source).
+test-package: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	rm -rf dist; \
+	$(BIN)/python -m build --outdir dist . > dist.log 2>&1 || { cat dist.log; exit 1; }; \
+	rm -f dist.log; \
+	$(BIN)/twine check --strict dist/*; \
+	version=$$($(BIN)/python -c "import gaugebook; print(gaugebook.__version__)"); \
+	wheel=dist/gaugebook-$$version-py3-none-any.whl; \
+	$(BIN)/python -m zipfile -l $$wheel | grep "gaugebook/py.typed" >/dev/null \
+	  || { echo "$$wheel lacks gaugebook/py.typed" >&2; exit 1; }; \
+	echo "[time] sdist and wheel of gaugebook $$version: $$(( $$(date +%s) - start )) s"
+
 # --- cleaning ---------------------------------------------------------------------------------
 
 clean:
-	rm -rf _build $(VENDOR)
+	rm -rf _build $(VENDOR) dist
 
 distclean: clean
 	rm -rf $(VENV) node_modules
