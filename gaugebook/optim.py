@@ -45,14 +45,6 @@ def _number(name: str, value, *, low: float, strict: bool) -> float:
     return x
 
 
-def _dot(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``u . g`` over all entries, as a float64 scalar. 16-bit tensors are multiplied and summed
-    in float32: in their own dtype the sum overflows (float16 tops out at 65504)."""
-    if u.element_size() < 4:
-        u, g = u.float(), g.float()
-    return torch.dot(u.reshape(-1), g.reshape(-1)).double()
-
-
 def _finite(name: str, value) -> float:
     """``value`` as a finite float; ValueError otherwise."""
     try:
@@ -109,6 +101,12 @@ class ECD(Optimizer):
     here that rescaling closes the previous step, so the stored ``velocity`` always has
     :math:`|v| = 1` and the trajectory is the same.
 
+    **Members.** With ``members=R`` every parameter holds ``R`` independent models stacked along
+    its first dimension (``[R, ...]``, as :func:`torch.func.stack_module_state` makes them) and
+    the closure returns their ``R`` losses: each member follows its own ECD trajectory (its own
+    :math:`F`, :math:`d`, dot products, norms, skipped steps and chaos generator), computed by
+    the same kernels for all. ``members=None`` (one model) is the case ``R = 1``.
+
     Args:
         params: parameters or parameter groups. ``lr`` and ``weight_decay`` may differ between
             groups (the group's :math:`\Delta t` and :math:`\lambda`); ``eta``, ``F0``, ``nu``,
@@ -117,9 +115,9 @@ class ECD(Optimizer):
             times the (nearly unit) velocity.
         eta: :math:`\eta > 0`, the concentration of the ergodic measure
             :math:`\propto (F - F_0)^{-\eta d/2}` at low loss.
-        F0: :math:`F_0`, below every loss the run reaches (the paper uses about 0.6 times the
-            final loss). A step with :math:`F \le F_0` is skipped and counted in
-            :attr:`skipped_steps`; a warning (once per optimizer) suggests lowering ``F0``.
+        F0: :math:`F_0`, below every loss the run reaches. A step with :math:`F \le F_0` is
+            skipped and counted in :attr:`skipped_steps`; a warning (once per optimizer) suggests
+            lowering ``F0``.
         nu: :math:`\nu \ge 0`, size of the random rotation of :math:`v` after each step: each
             coordinate is perturbed by :math:`\nu/\sqrt d`, so the perturbation has length about
             :math:`\nu` and :math:`v` turns by an angle of order :math:`\nu` whatever ``d`` (about
@@ -127,54 +125,84 @@ class ECD(Optimizer):
         weight_decay: :math:`\lambda \ge 0`, an L2 term :math:`\tfrac{\lambda}{2}|\theta|^2` added
             to the loss (and :math:`\lambda\theta` to its gradient), not decoupled.
         projection: ``"global"`` (default, the exact geometry) or ``"per_tensor"``: the authors'
-            shortcut, in which the dot product is taken within each tensor,
-            :math:`v_i \leftarrow v_i - \kappa\,\Delta t\,(g_i - v_i (v_i\cdot g_i))/(F - F_0)`,
-            while the normalisation of :math:`v` stays global (as in their published ``ECD_q1``
-            code). It is not a projection orthogonal to :math:`v` and breaks the O(d) symmetry.
+            shortcut, in which the dot product is taken within each tensor :math:`b` of a
+            partition, :math:`v_b \leftarrow v_b - \kappa\,\Delta t\,(g_b - v_b (v_b\cdot g_b))
+            /(F - F_0)`, while the normalisation of :math:`v` stays global (as in their published
+            ``ECD_q1`` code). It is not a projection orthogonal to :math:`v` and breaks the O(d)
+            symmetry.
+        blocks: the partition of ``"per_tensor"``: lists of parameters that form one tensor of
+            the partition (e.g. :meth:`gaugebook.gpt.GPT.gpt2_tensors`, where the query, key and
+            value weights of a layer are GPT-2's one fused ``c_attn.weight``); every parameter not
+            listed is a tensor of its own. ``None``: every parameter is its own tensor.
+        members: ``None`` (one model) or ``R >= 1`` stacked models (see above).
+        chaos_seeds: seeds of the chaos generators, one per member (``None``: one draw each from
+            torch's global generator at construction; under DDP rank 0's draws, broadcast).
         foreach: ``None`` or ``True`` (default): the fast path, on every device. The velocities
-            of one dtype are views into one flat buffer, the gradients are copied into one flat
-            buffer per dtype for the step (a transient of the size of the parameters), and the
-            dot products, norms and updates take a few kernels (flat tensor ops and
-            ``torch._foreach_*``) whatever the number of tensors. ``False``: the reference path,
-            one tensor at a time. Both compute the same numbers up to round-off.
+            of one dtype are views into one flat buffer ``[R, N]``, the gradients are copied into
+            one flat buffer per dtype for the step (a transient of the size of the parameters),
+            and the dot products, norms and updates take a few kernels per parameter group
+            whatever the number of tensors. ``False``: the reference path, one tensor at a time.
+            Both compute the same numbers up to round-off.
 
-    ``step(closure)`` needs a closure that zeroes the gradients, computes the loss, calls
-    ``backward()`` and returns the loss. Parameters whose ``.grad`` is ``None`` count as having a
-    zero gradient (they still drift with :math:`v`). Under DDP (an initialised
-    ``torch.distributed`` process group) :math:`F` is averaged over the ranks before the step; the
-    gradients are already averaged by DDP. The random numbers of the chaos term come from a
-    generator owned by the optimizer, seeded from torch's global generator at construction (one
-    draw; under DDP rank 0's draw, broadcast) and saved by :meth:`state_dict`, so a resumed run is
-    identical to an uninterrupted one.
+    ``step(closure)`` needs a closure that zeroes the gradients, computes the loss (a scalar; with
+    ``members=R`` a tensor ``[R]``), calls ``backward()`` and returns it. Parameters whose
+    ``.grad`` is ``None`` count as having a zero gradient (they still drift with :math:`v`).
+    Under DDP (an initialised ``torch.distributed`` process group) :math:`F` is averaged over the
+    ranks before the step; the gradients are already averaged by DDP. A step reads its few
+    scalars (:math:`F`, the dot products) to the host once. The chaos generators are saved by
+    :meth:`state_dict`, so a resumed run is identical to an uninterrupted one.
 
     Attributes:
-        steps: number of steps taken. skipped_steps: number of steps skipped because
-        :math:`F \le F_0`. Both are saved and restored by ``state_dict``/``load_state_dict``.
+        steps: number of steps taken (not skipped). skipped_steps: number of steps skipped
+        because :math:`F \le F_0`. Integers for one model, lists (one per member) with
+        ``members``; saved and restored by ``state_dict``/``load_state_dict``.
     """
 
     def __init__(self, params, lr: float, eta: float, F0: float, *, nu: float = 0.0,
-                 weight_decay: float = 0.0, projection: str = "global",
+                 weight_decay: float = 0.0, projection: str = "global", blocks=None,
+                 members: int | None = None, chaos_seeds: list[int] | None = None,
                  foreach: bool | None = None):
         defaults = dict(lr=lr, eta=eta, F0=F0, nu=nu, weight_decay=weight_decay,
                         projection=projection, foreach=foreach)
         self._validate_group(defaults)
+        if members is not None and (type(members) is not int or members < 1):
+            raise ValueError(f"members must be None or a positive integer, got {members!r}")
+        self.members = members
         super().__init__(params, defaults)
         params = self._params()
+        if len({id(p) for p in params}) < len(params):
+            raise ValueError("a parameter is listed twice: ECD would count its scalars twice in d "
+                             "(pass each parameter once, e.g. model.parameters())")
         if len({p.device for p in params}) > 1:
             devices = sorted(str(d) for d in {p.device for p in params})
             raise ValueError("ECD moves all parameters along one unit velocity: put them on one "
                              f"device, got {devices}")
+        if members is not None:
+            wrong = [tuple(p.shape) for p in params if p.ndim == 0 or p.shape[0] != members]
+            if wrong:
+                raise ValueError(f"with members={members} every parameter must have a leading "
+                                 f"dimension of {members} (one slice per model), got shapes {wrong}")
         if self.dimension < 2:
             raise ValueError(f"ECD needs at least 2 trainable scalars (kappa has d - 1 in the "
                              f"denominator), got d = {self.dimension}")
-        self.steps = 0
-        self.skipped_steps = 0
-        self._generator = torch.Generator(device=params[0].device)
-        self._generator.manual_seed(self._chaos_seed(params[0].device))
+        self._block = self._partition(blocks, projection)
+        R, device = self._R, params[0].device
+        if chaos_seeds is None:
+            chaos_seeds = [self._chaos_seed(device) for _ in range(R)]
+        if len(chaos_seeds) != R:
+            raise ValueError(f"chaos_seeds must hold one seed per member ({R}), "
+                             f"got {len(chaos_seeds)}")
+        self._generators = [torch.Generator(device=device).manual_seed(int(s))
+                            for s in chaos_seeds]
+        self._moved, self._skipped, self._started = [0] * R, [0] * R, [False] * R
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
+
+    @property
+    def _R(self) -> int:
+        return self.members or 1
 
     @staticmethod
     def _chaos_seed(device: torch.device) -> int:
@@ -199,8 +227,37 @@ class ECD(Optimizer):
         if group["foreach"] not in (None, True, False):
             raise ValueError(f"foreach must be None, True or False, got {group['foreach']!r}")
 
+    def _partition(self, blocks, projection: str) -> list[int]:
+        """The tensor of the partition that each parameter (in group order) belongs to."""
+        params = self._params()
+        if blocks is None:
+            return list(range(len(params)))
+        if projection != "per_tensor":
+            raise ValueError("blocks partition the per-tensor projection; with projection="
+                             f"{projection!r} the dot product is global: drop blocks or pass "
+                             "projection='per_tensor'")
+        position = {id(p): i for i, p in enumerate(params)}
+        block = [-1] * len(params)
+        for b, members in enumerate(blocks):
+            members = list(members)
+            if not members:
+                raise ValueError(f"block {b} of the partition is empty")
+            for p in members:
+                i = position.get(id(p))
+                if i is None:
+                    raise ValueError(f"block {b} holds a tensor that ECD does not optimise")
+                if block[i] >= 0:
+                    raise ValueError(f"parameter {i} is in two blocks of the partition "
+                                     f"({block[i]} and {b})")
+                block[i] = b
+        n = len(blocks)
+        for i, b in enumerate(block):
+            if b < 0:
+                block[i], n = n, n + 1
+        return block
+
     def add_param_group(self, param_group: dict) -> None:
-        if getattr(self, "steps", 0) > 0:
+        if getattr(self, "_flat", None):
             raise ValueError("ECD keeps one velocity over all parameters: parameter groups "
                              "cannot be added after the first step")
         super().add_param_group(param_group)
@@ -221,8 +278,16 @@ class ECD(Optimizer):
 
     @property
     def dimension(self) -> int:
-        """``d``: the number of scalars optimised, over all parameter groups."""
-        return sum(p.numel() for p in self._params())
+        """``d``: the number of scalars optimised (per member), over all parameter groups."""
+        return sum(p.numel() for p in self._params()) // self._R
+
+    @property
+    def steps(self):
+        return self._moved if self.members else self._moved[0]
+
+    @property
+    def skipped_steps(self):
+        return self._skipped if self.members else self._skipped[0]
 
     def _shared(self, key: str):
         values = {group[key] for group in self.param_groups}
@@ -234,9 +299,19 @@ class ECD(Optimizer):
     def _use_foreach(self) -> bool:
         return self._shared("foreach") is not False  # None (default) and True: the fast path
 
-    # Storage: the velocities of all parameters of one dtype are views into one flat buffer, so
-    # that the fast path reduces and updates them with a few kernels whatever the number of
-    # tensors. Parameters are numbered in group order; a bucket holds one dtype's parameters.
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as ``[R, n]``: one row per member."""
+        return t.view(self._R, -1)
+
+    def _col(self, values: list[float], like: torch.Tensor):
+        """Per-member coefficients broadcasting against ``[R, n]`` rows (a float for one)."""
+        if self._R == 1:
+            return values[0]
+        return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, 1)
+
+    # Storage: the velocities of all parameters of one dtype are views into one flat buffer
+    # [R, N], so that the fast path reduces and updates them with a few kernels whatever the
+    # number of tensors. Parameters are numbered in group order; a bucket holds one dtype's.
 
     def _buckets(self) -> dict[torch.dtype, list[int]]:
         buckets: dict[torch.dtype, list[int]] = {}
@@ -246,7 +321,7 @@ class ECD(Optimizer):
 
     def _slices(self):
         """``(group, dtype, start, stop, indices)``: the group's parameters of one dtype occupy
-        ``flat[dtype][start:stop]``."""
+        columns ``start:stop`` of ``flat[dtype]``."""
         params, offset, i, out = self._params(), {}, 0, []
         for group in self.param_groups:
             members: dict[torch.dtype, list[int]] = {}
@@ -255,34 +330,28 @@ class ECD(Optimizer):
                 i += 1
             for dtype, idx in members.items():
                 start = offset.get(dtype, 0)
-                offset[dtype] = start + sum(params[j].numel() for j in idx)
+                offset[dtype] = start + sum(params[j].numel() // self._R for j in idx)
                 out.append((group, dtype, start, offset[dtype], idx))
         return out
 
-    def _views(self, flat: torch.Tensor, idx: list[int]) -> list[torch.Tensor]:
-        """``flat`` cut into the shapes of the parameters ``idx``."""
+    def _split(self, flat: torch.Tensor, idx: list[int]) -> list[torch.Tensor]:
+        """Columns of ``flat [R, N]`` cut into the rows ``[R, n_j]`` of the parameters ``idx``."""
         params = self._params()
-        return [view.view_as(params[j])
-                for j, view in zip(idx, flat.split([params[j].numel() for j in idx]))]
+        return list(flat.split([params[j].numel() // self._R for j in idx], dim=1))
 
     def _attach(self, flat: dict[torch.dtype, torch.Tensor]) -> None:
-        """Make ``state[p]["velocity"]`` the views of ``p``'s slice of the flat buffers. The
+        """Make ``state[p]["velocity"]`` views (shaped like ``p``) of the flat buffers. The
         parameter groups are fixed from now on, so their layout is kept, with each slice's
-        parameters and velocity views (the fast path then builds no lists per step)."""
+        parameter rows and velocity rows (the fast path then builds no lists per step)."""
         self._flat, self._layout = flat, []
         params = self._params()
         for dtype, idx in self._buckets().items():
-            for j, view in zip(idx, self._views(flat[dtype], idx)):
-                self.state[params[j]]["velocity"] = view
+            for j, rows in zip(idx, self._split(flat[dtype], idx)):
+                self.state[params[j]]["velocity"] = rows.view(params[j].shape)
         for group, dtype, start, stop, idx in self._slices():
-            members = [params[j] for j in idx]
-            velocities = [self.state[p]["velocity"] for p in members]
+            members = [self._rows(params[j]) for j in idx]
+            velocities = self._split(flat[dtype][:, start:stop], idx)
             self._layout.append((group, dtype, start, stop, idx, members, velocities))
-
-    def _noise(self) -> dict[torch.dtype, torch.Tensor]:
-        """z ~ N(0, I), one flat vector per dtype, from the optimizer's own generator."""
-        return {dtype: torch.randn(v.numel(), generator=self._generator, device=v.device,
-                                   dtype=dtype) for dtype, v in self._flat.items()}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -293,54 +362,91 @@ class ECD(Optimizer):
                              "returns the loss, e.g. opt.step(closure)")
         with torch.enable_grad():
             loss = closure()
-        eta, F0, nu = (float(self._shared(key)) for key in ("eta", "F0", "nu"))
-        projection, foreach = self._shared("projection"), self._use_foreach()
-        params = self._params()
-        d, first = self.dimension, not self._flat
-
-        # F (averaged over DDP ranks) + the L2 term; gradients of F; dot products v.g (g.g on
-        # the first step, which sets v = -g/|g|): per tensor, or per dtype on the global fast path.
-        F_loss = _mean_over_ranks(torch.as_tensor(loss).detach().to(params[0].device, torch.float64))
-        gather = self._gather_foreach if foreach else self._gather_reference
-        grads, penalty, dots = gather(first, per_tensor=projection == "per_tensor")
-        scalars = torch.cat([torch.stack([F_loss, penalty]), dots.double()]).tolist()  # one sync
-        F_loss, penalty, *dots = scalars
-        if not math.isfinite(F_loss):
-            raise FloatingPointError(f"ECD step {self.steps + 1}: the loss is {F_loss} (not "
-                                     "finite); check the model, the data and the learning rate")
-        if not all(map(math.isfinite, dots)):
-            bad = next((i for i, p in enumerate(params)
-                        if p.grad is not None and not torch.isfinite(p.grad).all()), None)
-            if bad is None:
-                raise FloatingPointError(f"ECD step {self.steps + 1}: the gradients are finite "
-                                         "but the dot product v.g overflowed")
-            raise FloatingPointError(f"ECD step {self.steps + 1}: the gradient of parameter {bad} "
-                                     f"(shape {tuple(params[bad].shape)}) is not finite")
-        F = F_loss + penalty
-        if F <= F0:
-            self.skipped_steps += 1
-            if not self._warned:
-                warnings.warn(f"ECD: F = {F:.6g} <= F0 = {F0:.6g}, the step is skipped (counted in "
-                              "ECD.skipped_steps). Lower F0 below every loss the run can reach.",
-                              RuntimeWarning, stacklevel=2)
-                self._warned = True
+        params, R = self._params(), self._R
+        F_loss = torch.as_tensor(loss).detach().to(params[0].device, torch.float64)
+        expected = () if self.members is None else (R,)
+        if tuple(F_loss.shape) != expected:
+            what = "a scalar loss" if self.members is None else f"one loss per member, shape [{R}]"
+            raise ValueError(f"the closure must return {what}, got shape {tuple(F_loss.shape)}")
+        F_loss = _mean_over_ranks(F_loss.reshape(R))
+        foreach = self._use_foreach()
+        if not self._flat:  # zero velocity rows until each member's first step sets -g/|g|
+            self._attach({dtype: torch.zeros(R, sum(params[j].numel() // R for j in idx),
+                                             dtype=dtype, device=params[0].device)
+                          for dtype, idx in self._buckets().items()})
+        # per member: F (averaged over DDP ranks), the L2 term, and per parameter v.g and g.g
+        grads, penalty, vg, gg = (self._gather_foreach if foreach else self._gather_reference)()
+        stats = torch.cat([F_loss, penalty, vg.flatten(), gg.flatten()]).tolist()  # one sync
+        n = len(params)
+        rows = [(stats[r], stats[R + r], stats[2 * R + r * n: 2 * R + (r + 1) * n],
+                 stats[2 * R + R * n + r * n: 2 * R + R * n + (r + 1) * n]) for r in range(R)]
+        kicks, dots, fresh = self._coefficients(rows, grads)
+        if not any(kicks):
             return loss
-
-        if first:
-            g_norm = math.sqrt(math.fsum(dots))
-            if g_norm == 0:
-                raise ValueError("ECD: the gradient is exactly zero at the first step, so the "
-                                 "initial velocity -g/|g| is undefined")
-            flat = grads if foreach else self._concatenate(grads)
-            self._attach({dtype: g / -g_norm for dtype, g in flat.items()})
-            dots = [-x / g_norm for x in dots]  # v.g with v = -g/|g|
-        if projection == "global":
-            dots = [math.fsum(dots)]
-        kappa = eta / 2 * d / (d - 1)
+        for r in fresh:  # a member's first step: v = -g/|g|
+            g_norm = math.sqrt(math.fsum(rows[r][3]))
+            if isinstance(grads, dict):
+                pairs = [(self._flat[dtype], g) for dtype, g in grads.items()]
+            else:
+                pairs = [(self._rows(self.state[p]["velocity"]), g) for p, g in zip(params, grads)]
+            for v, g in pairs:
+                v[r].copy_(g[r] / -g_norm)
         update = self._update_foreach if foreach else self._update_reference
-        update(grads, dots, kappa / (F - F0), nu / math.sqrt(d))
-        self.steps += 1
+        update(grads, dots, kicks, self._shared("nu") / math.sqrt(self.dimension))
         return loss
+
+    def _coefficients(self, rows, grads):
+        """Per member: ``kappa / (F - F0)`` (0 for a skipped step) and the dot product
+        :math:`v \\cdot g` of each tensor of the partition (one, global), checked for finiteness.
+        Counts steps and skipped steps; returns the members that start moving now."""
+        eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
+        d, params = self.dimension, self._params()
+        kappa, per_tensor = eta / 2 * d / (d - 1), self._shared("projection") == "per_tensor"
+        kicks, dots, fresh = [], [], []
+        for r, (F_loss, penalty, vg, gg) in enumerate(rows):
+            who = f"ECD step {self._moved[r] + self._skipped[r] + 1}" + (
+                f", member {r}" if self.members else "")
+            if not math.isfinite(F_loss):
+                raise FloatingPointError(f"{who}: the loss is {F_loss} (not finite); check the "
+                                         "model, the data and the learning rate")
+            if not all(map(math.isfinite, vg + gg)):
+                bad = next((i for i, p in enumerate(params) if p.grad is not None
+                            and not torch.isfinite(self._rows(p.grad)[r]).all()), None)
+                if bad is None:
+                    raise FloatingPointError(f"{who}: the gradients are finite but the dot "
+                                             "product v.g overflowed")
+                shape = tuple(params[bad].shape[1:] if self.members else params[bad].shape)
+                raise FloatingPointError(f"{who}: the gradient of parameter {bad} (shape "
+                                         f"{shape}) is not finite")
+            F = F_loss + penalty
+            if F <= F0:
+                self._skipped[r] += 1
+                if not self._warned:
+                    warnings.warn(f"ECD: F = {F:.6g} <= F0 = {F0:.6g}, the step is skipped "
+                                  "(counted in ECD.skipped_steps). Lower F0 below every loss the "
+                                  "run can reach.", RuntimeWarning, stacklevel=3)
+                    self._warned = True
+                kicks.append(0.0)
+                dots.append([0.0] * len(params))
+                continue
+            if not self._started[r]:
+                g_norm = math.sqrt(math.fsum(gg))
+                if g_norm == 0:
+                    raise ValueError(f"{who}: the gradient is exactly zero at the first step, so "
+                                     "the initial velocity -g/|g| is undefined")
+                vg = [-x / g_norm for x in gg]  # v.g with v = -g/|g|
+                self._started[r] = True
+                fresh.append(r)
+            if per_tensor:  # one dot product per tensor of the partition
+                sums: dict[int, list[float]] = {}
+                for i, x in enumerate(vg):
+                    sums.setdefault(self._block[i], []).append(x)
+                dots.append([math.fsum(sums[self._block[i]]) for i in range(len(params))])
+            else:
+                dots.append([math.fsum(vg)] * len(params))
+            self._moved[r] += 1
+            kicks.append(kappa / (F - F0))
+        return kicks, dots, fresh
 
     def _raw_gradients(self) -> list[torch.Tensor]:
         grads = []
@@ -352,29 +458,42 @@ class ECD(Optimizer):
 
     def _concatenate(self, tensors: list[torch.Tensor],
                      out: dict[torch.dtype, torch.Tensor] | None = None):
-        """One flat copy of ``tensors`` per dtype, written into ``out[dtype]`` when given."""
-        flat = {dtype: [tensors[j].reshape(-1) for j in idx]
+        """One flat copy ``[R, N]`` of ``tensors`` per dtype, into ``out[dtype]`` when given."""
+        flat = {dtype: [self._rows(tensors[j]) for j in idx]
                 for dtype, idx in self._buckets().items()}
-        return {dtype: torch.cat(ts) if out is None else torch.cat(ts, out=out[dtype])
+        return {dtype: torch.cat(ts, dim=1) if out is None else torch.cat(ts, dim=1, out=out[dtype])
                 for dtype, ts in flat.items()}
 
-    def _gather_reference(self, first: bool, per_tensor: bool):
-        """Gradients ``g + wd theta`` per tensor, the L2 term, and one dot product per tensor."""
-        grads, penalty, i = self._raw_gradients(), 0.0, 0
-        velocities = [self.state[p].get("velocity") for p in self._params()]
+    def _penalties(self, members_of_groups) -> torch.Tensor:
+        """``sum_groups lambda/2 |theta_group|^2`` per member, float64 ``[R]``."""
+        penalty = torch.zeros(self._R, dtype=torch.float64, device=self._params()[0].device)
+        for group, rows in members_of_groups:
+            if group["weight_decay"] != 0:
+                for t in rows:
+                    penalty += group["weight_decay"] / 2 * _dots(t, t)
+        return penalty
+
+    def _gather_reference(self):
+        """Gradients ``g + wd theta`` per tensor (rows ``[R, n]``), the L2 terms ``[R]``, and
+        ``v.g``, ``g.g`` per member and tensor, ``[R, P]``."""
+        raw, params, i = self._raw_gradients(), self._params(), 0
+        grads = []
         for group in self.param_groups:
             for p in group["params"]:
+                g = self._rows(raw[i])
                 if group["weight_decay"] != 0:
-                    grads[i] = grads[i] + group["weight_decay"] * p
-                    penalty = penalty + group["weight_decay"] / 2 * (p.double() ** 2).sum()
+                    g = g + group["weight_decay"] * self._rows(p)
+                grads.append(g)
                 i += 1
-        left = grads if first else velocities
-        dots = torch.stack([_dot(u, g) for u, g in zip(left, grads)])
-        return grads, torch.as_tensor(penalty, dtype=torch.float64, device=dots.device), dots
+        penalty = self._penalties([(g, [self._rows(p) for p in g["params"]])
+                                   for g in self.param_groups])
+        velocities = [self._rows(self.state[p]["velocity"]) for p in params]
+        vg = torch.stack([_dots(v, g) for v, g in zip(velocities, grads)], dim=1)
+        gg = torch.stack([_dots(g, g) for g in grads], dim=1)
+        return grads, penalty, vg, gg
 
-    def _gather_foreach(self, first: bool, per_tensor: bool):
-        """The same with flat gradients: one dot product per dtype (global projection) or per
-        tensor (per-tensor projection)."""
+    def _gather_foreach(self):
+        """The same with flat gradients ``{dtype: [R, N]}``."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
@@ -382,107 +501,146 @@ class ECD(Optimizer):
             # costs page faults (more than the copy): keep it. CUDA's caching allocator reuses
             # the block by itself, and a kept buffer would raise the peak memory of training.
             self._workspace = grads
-        penalty = torch.zeros((), dtype=torch.float64, device=params[0].device)
-        for group, dtype, start, stop, idx, *_ in self._layout or self._slices():
+        for group, dtype, start, stop, idx, members, _ in self._layout:
             if group["weight_decay"] != 0:
-                members = [params[j] for j in idx]
-                torch._foreach_add_(self._views(grads[dtype][start:stop], idx), members,
-                                    alpha=group["weight_decay"])
-                norms = torch.stack(torch._foreach_norm(members)).double()
-                penalty += group["weight_decay"] / 2 * (norms ** 2).sum()
-        left = grads if first else self._flat
-        if per_tensor:  # one dot product per tensor, on views of the flat buffers
-            dots = [None] * len(params)
-            for dtype, idx in self._buckets().items():
-                sizes = [params[j].numel() for j in idx]
-                for j, u, g in zip(idx, left[dtype].split(sizes), grads[dtype].split(sizes)):
-                    dots[j] = _dot(u, g)
-        else:
-            dots = [_dot(left[dtype], g) for dtype, g in grads.items()]
-        return grads, penalty, torch.stack(dots)
+                g = self._split(grads[dtype][:, start:stop], idx)
+                torch._foreach_add_(g, members, alpha=group["weight_decay"])
+        penalty = self._penalties([(group, members) for group, *_, members, _ in self._layout])
+        vg, gg = [None] * len(params), [None] * len(params)
+        for dtype, idx in self._buckets().items():
+            for j, v, g in zip(idx, self._split(self._flat[dtype], idx),
+                               self._split(grads[dtype], idx)):
+                vg[j], gg[j] = _dots(v, g), _dots(g, g)
+        return grads, penalty, torch.stack(vg, dim=1), torch.stack(gg, dim=1)
 
-    def _update_reference(self, grads, v_dot_g, kick, chaos) -> None:
+    def _noise(self, r: int) -> dict[torch.dtype, torch.Tensor]:
+        """z ~ N(0, I) for member ``r``, one flat vector per dtype, from its own generator."""
+        return {dtype: torch.randn(v.shape[1], generator=self._generators[r], device=v.device,
+                                   dtype=dtype) for dtype, v in self._flat.items()}
+
+    def _chaos(self, chaos: float, kicks: list[float]) -> None:
+        """``v += (nu/sqrt d) z`` for the members that moved; then back to unit length."""
+        for r, kick in enumerate(kicks):
+            if kick:
+                for dtype, z in self._noise(r).items():
+                    self._flat[dtype][r].add_(z, alpha=chaos)
+        self._normalise([(v, 1.0) for v in self._flat.values()], kicks)
+
+    def _normalise(self, slices, kicks) -> None:
+        """Each buffer ``u [R, n]`` of ``slices = [(u, s), ...]`` holds its part of the velocity
+        divided by ``s`` (a float, or one per member): rescale the moving members to unit speed."""
+        scales = [_as_rows(s, u) for u, s in slices]
+        speed = torch.stack([_dots(u, u) * s.square() for (u, _), s in zip(slices, scales)])
+        speed = speed.sum(0).sqrt()  # [R]
+        moving = torch.tensor([k != 0 for k in kicks], device=speed.device)
+        for (u, _), s in zip(slices, scales):
+            u.mul_(torch.where(moving, s / speed, 1.0).to(u.dtype).view(-1, 1))
+
+    def _update_reference(self, grads, dots, kicks, chaos) -> None:
         """Kick, drift and renormalise, one tensor at a time (the readable path)."""
         params = self._params()
-        velocities = [self.state[p]["velocity"] for p in params]
         sqrt_eta, i = math.sqrt(float(self._shared("eta"))), 0
+        velocities = [self._rows(self.state[p]["velocity"]) for p in params]
         for group in self.param_groups:
             dt = group["lr"] / sqrt_eta
             for p in group["params"]:
                 v, g = velocities[i], grads[i]
-                vg = v_dot_g[0] if len(v_dot_g) == 1 else v_dot_g[i]  # global or per tensor
-                v.sub_(kick * dt * (g - v * vg))  # kick: g's component orthogonal to v
-                p.add_(v, alpha=dt)  # drift
+                c = self._col([kick * dt for kick in kicks], v)
+                vg = self._col([row[i] for row in dots], v)
+                v.sub_(c * (g - v * vg))  # kick: g's component orthogonal to v (or v_b)
+                p_rows = self._rows(p)
+                p_rows.add_(v * self._col([dt if kick else 0.0 for kick in kicks], v))  # drift
                 i += 1
-        self._normalise_reference(velocities)
+        self._normalise([(v, 1.0) for v in velocities], kicks)
         if chaos > 0:
-            noise = self._noise()
-            for dtype, idx in self._buckets().items():
-                for j, z in zip(idx, self._views(noise[dtype], idx)):
-                    velocities[j].add_(z, alpha=chaos)
-            self._normalise_reference(velocities)
+            self._chaos(chaos, kicks)
 
-    @staticmethod
-    def _normalise_reference(velocities) -> None:
-        speed = torch.stack([torch.linalg.vector_norm(v).double() for v in velocities]).norm()
-        for v in velocities:
-            v.div_(speed)
-
-    def _update_foreach(self, grads, v_dot_g, kick, chaos) -> None:
+    def _update_foreach(self, grads, dots, kicks, chaos) -> None:
         """The same update on the flat buffers, a few kernels per (group, dtype) slice.
 
         Global projection: the kicked velocity ``a v - c g`` (``a = 1 + c v.g``) is formed in one
         pass as ``s * lerp(v, g, -c/s)`` with ``s = a - c``; the buffer keeps the lerp, the drift
         and the normalisation apply the factor ``s``. (When ``s`` is near zero, two passes.)"""
         sqrt_eta, slices = math.sqrt(float(self._shared("eta"))), []
+        per_tensor = self._shared("projection") == "per_tensor"
         for group, dtype, start, stop, idx, members, velocities in self._layout:
             dt = group["lr"] / sqrt_eta
-            v, g, c, scale = self._flat[dtype][start:stop], grads[dtype][start:stop], kick * dt, 1.0
-            if len(v_dot_g) == 1:  # global projection
-                a = 1.0 + c * v_dot_g[0]
-                if abs(a - c) > 1e-3 * (abs(a) + c):
-                    scale = a - c
-                    v.lerp_(g, -c / scale)
+            v, g = self._flat[dtype][:, start:stop], grads[dtype][:, start:stop]
+            c = [kick * dt for kick in kicks]
+            scale = [1.0] * len(kicks)
+            if per_tensor:  # v_b (1 + c v_b.g_b) - c g_b
+                torch._foreach_mul_(velocities, [self._col([1 + cr * row[j] for cr, row in
+                                                            zip(c, dots)], v) for j in idx])
+                _axpy(v, g, self._col([-cr for cr in c], v))
+            else:
+                a = [1.0 + cr * row[0] for cr, row in zip(c, dots)]
+                if all(abs(ar - cr) > 1e-3 * (abs(ar) + cr) for ar, cr in zip(a, c)):
+                    scale = [ar - cr for ar, cr in zip(a, c)]
+                    v.lerp_(g, self._col([-cr / s for cr, s in zip(c, scale)], v))
                 else:
-                    v.mul_(a).add_(g, alpha=-c)
-            else:  # per tensor: v_i (1 + c v_i.g_i) - c g_i
-                torch._foreach_mul_(velocities, [1.0 + c * v_dot_g[j] for j in idx])
-                v.add_(g, alpha=-c)
-            torch._foreach_add_(members, velocities, alpha=dt * scale)  # drift
+                    v.mul_(self._col(a, v))
+                    _axpy(v, g, self._col([-cr for cr in c], v))
+            drift = self._col([dt * s if kick else 0.0 for s, kick in zip(scale, kicks)], v)
+            if isinstance(drift, float):
+                torch._foreach_add_(members, velocities, alpha=drift)
+            else:
+                torch._foreach_addcmul_(members, velocities, [drift] * len(members))
             slices.append((v, scale))
-        self._normalise_foreach(slices)
+        self._normalise(slices, kicks)
         if chaos > 0:
-            for dtype, z in self._noise().items():
-                self._flat[dtype].add_(z, alpha=chaos)
-            self._normalise_foreach([(v, 1.0) for v in self._flat.values()])
-
-    @staticmethod
-    def _normalise_foreach(slices) -> None:
-        """Each buffer ``u`` of ``slices = [(u, s), ...]`` holds its part of the velocity divided
-        by ``s``: rescale them all to the unit velocity ``s u / |velocity|``."""
-        speed = torch.stack([s * s * _dot(u, u) for u, s in slices]).sum().sqrt()
-        for u, s in slices:
-            u.mul_(s / speed)
+            self._chaos(chaos, kicks)
 
     def state_dict(self) -> dict:
-        """torch's optimizer state plus ``"ecd"``: step counters and the chaos generator's state."""
+        """torch's optimizer state plus ``"ecd"``: step counters, which members have started and
+        the chaos generators' states."""
         state = super().state_dict()
         state["ecd"] = {"steps": self.steps, "skipped_steps": self.skipped_steps,
-                        "generator": self._generator.get_state()}
+                        "started": list(self._started),
+                        "generators": [g.get_state() for g in self._generators]}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         extra = state_dict.pop("ecd", None)
+        if extra is None:
+            raise ValueError("this state dict was not written by ECD (it has no 'ecd' entry): "
+                             "an optimizer's state loads only into an optimizer of its kind")
         super().load_state_dict(state_dict)
-        if extra is not None:
-            self.steps, self.skipped_steps = int(extra["steps"]), int(extra["skipped_steps"])
-            self._generator.set_state(extra["generator"].cpu())  # set_state takes CPU bytes
+        R = self._R
+        steps, skipped = extra["steps"], extra["skipped_steps"]
+        self._moved = list(steps) if isinstance(steps, list) else [int(steps)] * R
+        self._skipped = list(skipped) if isinstance(skipped, list) else [int(skipped)] * R
+        states = extra.get("generators") or [extra["generator"]]  # older files: one generator
+        for g, s in zip(self._generators, states):
+            g.set_state(s.cpu())  # set_state takes CPU bytes
         params = self._params()
         self._flat, self._layout = {}, []
-        if all("velocity" in self.state[p] for p in params):  # back into flat buffers
+        started = all("velocity" in self.state[p] for p in params)
+        self._started = list(extra.get("started", [started] * R))
+        if started:  # back into flat buffers
             self._attach(self._concatenate([self.state[p]["velocity"] for p in params]))
 
+
+def _dots(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Row-wise ``u_r . g_r`` of ``[R, n]`` tensors, float64 ``[R]``. 16-bit tensors are
+    multiplied and summed in float32: in their own dtype the sum overflows (float16 tops out at
+    65504)."""
+    if u.element_size() < 4:
+        u, g = u.float(), g.float()
+    return torch.bmm(u.unsqueeze(1), g.unsqueeze(2)).view(-1).double()
+
+
+def _as_rows(s, u: torch.Tensor):
+    """Per-member factors ``s`` (a float or a list) as a float64 tensor on ``u``'s device."""
+    return torch.as_tensor(s, dtype=torch.float64, device=u.device)
+
+
+def _axpy(y: torch.Tensor, x: torch.Tensor, a) -> None:
+    """``y += a x`` with ``a`` a float or per-member rows ``[R, 1]``."""
+    if isinstance(a, float):
+        y.add_(x, alpha=a)
+    else:
+        y.addcmul_(x, a)
 
 class MultiOptimizer:
     """Several optimizers over disjoint parameters, driven as one (e.g. Muon + AdamW).

@@ -434,7 +434,147 @@ def test_load_state_dict_moves_the_generator_state_to_the_cpu():
 
     opt = ECD(mlp().parameters(), lr=0.1, eta=1.0, F0=0.0, nu=0.1)
     state = opt.state_dict()
-    expected = torch.randn(3, generator=opt._generator)  # drawn after the state was saved
-    state["ecd"] = {**state["ecd"], "generator": OffCPU(state["ecd"]["generator"])}
+    expected = torch.randn(3, generator=opt._generators[0])  # drawn after the state was saved
+    state["ecd"] = {**state["ecd"], "generators": [OffCPU(state["ecd"]["generators"][0])]}
     opt.load_state_dict(state)
-    assert torch.equal(torch.randn(3, generator=opt._generator), expected)
+    assert torch.equal(torch.randn(3, generator=opt._generators[0]), expected)
+
+
+# ---------- members: R stacked models, each on its own trajectory ----------
+
+def stacked(models):
+    """``models`` as one set of stacked leaf parameters ``[R, ...]`` and a batched loss."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    params, _ = stack_module_state(models)
+    params = {n: nn.Parameter(p) for n, p in params.items()}
+
+    def losses(x, y):  # x [R, B, 4], y [R, B, 2] -> [R]
+        def one(p, x, y):
+            return ((functional_call(models[0], p, (x,)) - y) ** 2).mean()
+        return vmap(one)(params, x, y)
+    return params, losses
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_members_follow_their_own_trajectories(projection, foreach):
+    """Three stacked models (own data, own chaos) follow, to 1e-10 over 50 steps, the runs of
+    the same models alone; one member starts above F0 only later (its first steps skipped)."""
+    R, steps = 3, 50
+    data_r = [data(seed=10 + r) for r in range(R)]
+    shifts = [0.0, 0.0, 0.0]
+    hp = dict(lr=0.2, eta=4.0, F0=-0.5, nu=0.2, weight_decay=0.1, projection=projection,
+              foreach=foreach)
+    blocks = lambda m: [[m[0].weight, m[2].weight]] if projection == "per_tensor" else None  # noqa: E731
+    alone = []
+    for r in range(R):
+        model = mlp(seed=r)
+        opt = ECD(model.parameters(), blocks=blocks(model), chaos_seeds=[100 + r], **hp)
+        trajectory = []
+        for _ in range(steps):
+            opt.step(closure_for(model, opt, *data_r[r], shift=shifts[r]))
+            trajectory.append(flat(model).clone())
+        alone.append(trajectory)
+    models = [mlp(seed=r) for r in range(R)]
+    params, losses = stacked(models)
+    x = torch.stack([d[0] for d in data_r])
+    y = torch.stack([d[1] for d in data_r])
+    p = list(params.values())
+    opt = ECD(p, members=R, blocks=[[params["0.weight"], params["2.weight"]]]
+              if projection == "per_tensor" else None, chaos_seeds=[100, 101, 102], **hp)
+
+    def closure():
+        opt.zero_grad()
+        loss = losses(x, y)
+        loss.sum().backward()
+        return loss
+    for step in range(steps):
+        opt.step(closure)
+        for r in range(R):
+            mine = torch.cat([q[r].detach().reshape(-1) for q in p])
+            assert (mine - alone[r][step]).abs().max() < 1e-10, (step, r)
+    assert opt.steps == [steps] * R and opt.skipped_steps == [0] * R
+
+
+def test_members_skip_on_their_own():
+    """A member whose F is below F0 is frozen and counted; the others move."""
+    models = [mlp(seed=r) for r in range(2)]
+    params, losses = stacked(models)
+    x, y = data()
+    x, y = torch.stack([x, x]), torch.stack([y, y])
+    opt = ECD(list(params.values()), lr=0.1, eta=1.0, F0=0.0, members=2)
+    offset = torch.tensor([1.0, -100.0], dtype=DT)  # member 1: F < F0
+
+    def closure():
+        opt.zero_grad()
+        loss = losses(x, y) + offset
+        loss.sum().backward()
+        return loss
+    before = {n: q.detach().clone() for n, q in params.items()}
+    with pytest.warns(RuntimeWarning, match="Lower F0"):
+        for _ in range(3):
+            opt.step(closure)
+    assert opt.steps == [3, 0] and opt.skipped_steps == [0, 3]
+    for n, q in params.items():
+        assert torch.equal(q[1], before[n][1]) and not torch.equal(q[0], before[n][0])
+    state = opt.state_dict()
+    again = ECD(list(params.values()), lr=0.1, eta=1.0, F0=0.0, members=2)
+    again.load_state_dict(state)
+    assert again.steps == [3, 0] and again._started == [True, False]
+
+
+def test_per_tensor_blocks_follow_the_equations():
+    """A block of two tensors takes one dot product over both (written out on a flat vector)."""
+    x, y = data()
+    model = mlp()
+    hp = dict(lr=0.3, eta=4.0, F0=-0.5)
+    params = list(model.parameters())
+    sizes = [q.numel() for q in params]
+    theta, d = flat(model).clone(), sum(sizes)
+    dt, kappa = hp["lr"] / math.sqrt(hp["eta"]), hp["eta"] / 2 * d / (d - 1)
+    block_of = [0, 1, 0, 2]  # weights together, biases alone
+    opt = ECD(params, projection="per_tensor", blocks=[[params[0], params[2]]], **hp)
+    closure = closure_for(model, opt, x, y)
+    v = None
+    for step in range(10):
+        reference = mlp()
+        torch.nn.utils.vector_to_parameters(theta, reference.parameters())
+        loss = ((reference(x) - y) ** 2).mean()
+        g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, reference.parameters())])
+        v = -g / g.norm() if v is None else v / v.norm()
+        vs, gs = v.split(sizes), g.split(sizes)
+        vg = [sum(float(vs[j] @ gs[j]) for j in range(4) if block_of[j] == block_of[i])
+              for i in range(4)]
+        perp = torch.cat([gs[i] - vs[i] * vg[i] for i in range(4)])
+        v = v - kappa * dt * perp / (loss.item() - hp["F0"])
+        theta = theta + dt * v
+        opt.step(closure)
+        assert (flat(model) - theta).abs().max() < 1e-12, f"step {step + 1}"
+
+
+@pytest.mark.filterwarnings("ignore:optimizer contains a parameter group with duplicate")
+def test_contract_errors():
+    model = mlp()
+    w = list(model.parameters())
+    with pytest.raises(ValueError, match="listed twice"):
+        ECD([w[0], w[0], w[1]], lr=0.1, eta=1.0, F0=0.0)
+    with pytest.raises(ValueError, match="projection='per_tensor'"):
+        ECD(w, lr=0.1, eta=1.0, F0=0.0, blocks=[[w[0]]])
+    with pytest.raises(ValueError, match="two blocks"):
+        ECD(w, lr=0.1, eta=1.0, F0=0.0, projection="per_tensor", blocks=[[w[0]], [w[0]]])
+    with pytest.raises(ValueError, match="leading dimension of 3"):
+        ECD(w, lr=0.1, eta=1.0, F0=0.0, members=3)
+    opt = ECD(w, lr=0.1, eta=1.0, F0=-1.0)
+    x, y = data()
+
+    def vector_loss():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean(0)
+        loss.sum().backward()
+        return loss
+    with pytest.raises(ValueError, match="a scalar loss"):
+        opt.step(vector_loss)
+    adamw = torch.optim.AdamW(w, lr=0.1)
+    with pytest.raises(ValueError, match="not written by ECD"):
+        opt.load_state_dict(adamw.state_dict())
