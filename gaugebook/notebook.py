@@ -1,7 +1,15 @@
-"""Helpers for the book's notebooks that also work outside Jupyter Book (Colab, plain Jupyter)."""
+"""Helpers for the book's notebooks that also work outside Jupyter Book (Colab, plain Jupyter).
+
+The chapters keep their teaching code visible and short; what only serves the page (gluing
+numbers into the prose, assembling tables, showing result files) lives here.
+"""
 from __future__ import annotations
 
+from pathlib import Path
+
 from IPython.display import display
+
+from gaugebook.results import Table
 
 
 def glue(name: str, value, display_value: bool = True) -> None:
@@ -14,6 +22,54 @@ def glue(name: str, value, display_value: bool = True) -> None:
             display(value)
         return
     myst_glue(name, value, display=display_value)
+
+
+def html_table(header, body, caption: str | None = None):
+    """A plain HTML table whose cells are HTML already (e.g. ``"d<sub>k</sub>"``): ``header``
+    is a list of column titles, ``body`` a list of rows; each cell is written as ``str(cell)``.
+    The one table renderer is :class:`gaugebook.results.Table` (pandas is not a dependency of
+    the book); this marks every cell as raw HTML for it."""
+    raw = Table.Raw
+    return Table([raw(h) for h in header], [[raw(c) for c in row] for row in body],
+                 caption=caption)
+
+
+def recorded_command(command: str, recorded_at: str) -> str:
+    """The command that wrote a recorded result, as a reader runs it from the repository root:
+    the producing machine's absolute ``--out`` path becomes ``recorded_at`` (the file's path in
+    the repository), and any other absolute path is shown by :func:`repo_relative`."""
+    words = command.split()
+    for i, word in enumerate(words):
+        if word.startswith("/"):
+            words[i] = recorded_at if i and words[i - 1] == "--out" else repo_relative(word)
+    return " ".join(words)
+
+
+def repo_relative(path, root=None) -> str:
+    """``path`` as the reader's checkout would name it: relative to the repository root
+    (the folder holding ``pyproject.toml``) when it lies inside one, else only the part from
+    the first ``results/``, ``runs/`` or ``benchmarks/`` folder on (a path recorded on another
+    machine), else unchanged. The rendered book shows no machine's folders."""
+    path = Path(path)
+    root = Path(root) if root is not None else _repo_root()
+    if root is not None and path.is_absolute():
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    if path.is_absolute():
+        for i, part in enumerate(path.parts):
+            if part in ("results", "runs", "benchmarks"):
+                return Path(*path.parts[i:]).as_posix()
+    return path.as_posix()
+
+
+def _repo_root() -> Path | None:
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "gaugebook").is_dir():
+            return folder
+    return None
 
 
 def in_colab() -> bool:
