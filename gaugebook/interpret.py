@@ -171,7 +171,7 @@ def log_factors(model: GPT, idx: torch.Tensor, reference="effective", *,
 
 
 def by_category(values: torch.Tensor, categories: torch.Tensor) -> dict[Category, torch.Tensor]:
-    """Mean of ``values [..., B, T]`` over the tokens of each :class:`Category`
+    """Mean of ``values [..., B, T]`` over the tokens of each :class:`~gaugebook.data.Category`
     (``categories [B, T]``), as ``{category: [...]}``; categories absent from the batch are
     left out."""
     if values.shape[-2:] != categories.shape:
