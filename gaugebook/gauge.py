@@ -27,34 +27,20 @@ Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``.
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.lie import (ContinuousFactor, Factor, GaugeElement, gl_basis, identity,
+                           rope_commutant_basis, unit_basis)
 from gaugebook.linalg import DTYPE, check_invertible, check_permutation, random_gl, spread
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
-           "rope_commutant_element", "attention_modules"]
-
-
-def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
-    """Overwrite parameter ``name`` in place, computing in float64 and casting back."""
-    param = getattr(module, name)
-    with torch.no_grad():
-        param.copy_(value.to(param.dtype))
-
-
-def _get(module: nn.Module, name: str) -> torch.Tensor:
-    return getattr(module, name).detach().to(DTYPE)
-
-
-def _on(module: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` on the device of ``module``'s weights (factors are built on the CPU)."""
-    return tensor.to(module.W_Q.device)
+           "rope_commutant_element", "attention_modules", "qk_algebra"]
 
 
 def _check_shift(t, name: str) -> torch.Tensor:
@@ -75,64 +61,98 @@ def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
         raise ValueError(f"{what} does not fit this module: " + "; ".join(wrong))
 
 
-@dataclass(frozen=True, eq=False)  # equality by identity: the fields are tensors
-class Factor:
-    """A primitive gauge transformation of the attention module at ``target`` (a submodule path,
-    ``""`` for the module itself)."""
+def _row(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """Row vectors ``x [..., n, d]`` times per-row matrices ``M [n, d, e]``: ``[..., n, e]``."""
+    return (x[..., None, :] @ M)[..., 0, :]
 
-    target: str = field(default="", kw_only=True)
 
-    def apply_(self, module: MultiHeadAttention) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+def _per_group(X: torch.Tensor, m: MultiHeadAttention) -> torch.Tensor:
+    """``X [n_kv, ...]`` repeated for the query heads of each group: ``[n_heads, ...]``."""
+    return X.repeat_interleave(m.group_size, dim=0)
 
-    def inverse(self) -> "Factor":  # pragma: no cover - abstract
-        raise NotImplementedError
+
+def qk_algebra(m: MultiHeadAttention) -> torch.Tensor:
+    """A basis ``[k, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``:
+    all of ``gl(d_head)`` without RoPE, else the commutant of the rotations
+    (:func:`gaugebook.lie.rope_commutant_basis`)."""
+    return rope_commutant_basis(m.d_head, m.rotary_dim, m.rope == "gated")
+
+
+def _grouped_basis(per_group: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """``[n_groups k, n_groups, ...]`` from a basis ``[k, ...]`` of one group: group-major, each
+    element non-zero in one group."""
+    k = per_group.shape[0]
+    out = torch.zeros(n_groups, k, n_groups, *per_group.shape[1:], dtype=per_group.dtype)
+    for g in range(n_groups):
+        out[g, :, g] = per_group
+    return out.flatten(0, 1)
 
 
 @dataclass(frozen=True, eq=False)
-class QKTransform(Factor):
+class QKTransform(ContinuousFactor):
     """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
 
     M: torch.Tensor  # [n_kv, d_head, d_head]
+    acts_on: ClassVar = MultiHeadAttention
 
     def __post_init__(self):
         object.__setattr__(self, "M", check_invertible(self.M, "QKTransform.M"))
 
-    def apply_(self, m):
+    def check(self, m):
         _expect(m, "QKTransform", n_kv_heads=self.M.shape[0], d_head=self.M.shape[-1])
-        M = _on(m, self.M)  # (Hkv, dk, dk)
-        M_q = M.repeat_interleave(m.group_size, dim=0)  # (H, dk, dk)
-        M_invT = torch.linalg.inv(M).transpose(-1, -2)  # (Hkv, dk, dk)
-        _set(m, "W_Q", _get(m, "W_Q") @ M_q)
-        _set(m, "W_K", _get(m, "W_K") @ M_invT)
+
+    def transform(self, params, m):
+        M = self.M.to(params["W_Q"].device)  # (Hkv, dk, dk)
+        M_q, M_invT = _per_group(M, m), torch.linalg.inv(M).mT  # (H, dk, dk), (Hkv, dk, dk)
+        out = dict(W_Q=params["W_Q"] @ M_q, W_K=params["W_K"] @ M_invT)
         if m.has_bias:
-            _set(m, "b_Q", (_get(m, "b_Q")[:, None] @ M_q)[:, 0])
-            _set(m, "b_K", (_get(m, "b_K")[:, None] @ M_invT)[:, 0])
+            out.update(b_Q=_row(params["b_Q"], M_q), b_K=_row(params["b_K"], M_invT))
+        return out
 
     def inverse(self):
         return QKTransform(torch.linalg.inv(self.M), target=self.target)
 
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group the basis of :func:`qk_algebra`, group-major."""
+        return _grouped_basis(qk_algebra(m), m.n_kv_heads)
+
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(torch.linalg.matrix_exp(X), target=target)
+
 
 @dataclass(frozen=True, eq=False)
-class VOTransform(Factor):
+class VOTransform(ContinuousFactor):
     """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
 
     N: torch.Tensor  # [n_kv, d_value, d_value]
+    acts_on: ClassVar = MultiHeadAttention
 
     def __post_init__(self):
         object.__setattr__(self, "N", check_invertible(self.N, "VOTransform.N"))
 
-    def apply_(self, m):
+    def check(self, m):
         _expect(m, "VOTransform", n_kv_heads=self.N.shape[0], d_value=self.N.shape[-1])
-        N = _on(m, self.N)  # (Hkv, dv, dv)
-        N_inv = torch.linalg.inv(N).repeat_interleave(m.group_size, dim=0)  # (H, dv, dv)
-        _set(m, "W_V", _get(m, "W_V") @ N)
-        _set(m, "W_O", N_inv @ _get(m, "W_O"))
+
+    def transform(self, params, m):
+        N = self.N.to(params["W_V"].device)  # (Hkv, dv, dv)
+        out = dict(W_V=params["W_V"] @ N, W_O=_per_group(torch.linalg.inv(N), m) @ params["W_O"])
         if m.has_bias:
-            _set(m, "b_V", (_get(m, "b_V")[:, None] @ N)[:, 0])
+            out["b_V"] = _row(params["b_V"], N)
+        return out
 
     def inverse(self):
         return VOTransform(torch.linalg.inv(self.N), target=self.target)
+
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group ``gl(d_value)``, group-major."""
+        return _grouped_basis(gl_basis(m.d_value), m.n_kv_heads)
+
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(torch.linalg.matrix_exp(X), target=target)
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,6 +160,7 @@ class HeadPermutation(Factor):
     """Relabel heads: head ``i`` of the result is head ``perm[i]`` of the input."""
 
     perm: torch.Tensor  # [n_heads], a permutation
+    acts_on: ClassVar = MultiHeadAttention
 
     def __post_init__(self):
         object.__setattr__(self, "perm", check_permutation(self.perm))
@@ -152,97 +173,104 @@ class HeadPermutation(Factor):
                              f"size {group_size}: under GQA whole groups must move together")
         return groups[:, 0]
 
-    def apply_(self, m):
+    def check(self, m):
         _expect(m, "HeadPermutation", n_heads=len(self.perm))
-        perm, kv = _on(m, self.perm), _on(m, self.kv_permutation(m.group_size))
-        for name in ("W_Q", "b_Q", "W_O", "W_GQ"):
-            if getattr(m, name, None) is not None:
-                _set(m, name, _get(m, name)[perm])
-        for name in ("W_K", "b_K", "W_V", "b_V", "W_GK"):
-            if getattr(m, name, None) is not None:
-                _set(m, name, _get(m, name)[kv])
+        self.kv_permutation(m.group_size)
+
+    def transform(self, params, m):
+        device = params["W_Q"].device
+        heads, kv = self.perm.to(device), self.kv_permutation(m.group_size).to(device)
+        out = {}
+        for names, index in ((("W_Q", "b_Q", "W_O", "W_GQ"), heads),
+                             (("W_K", "b_K", "W_V", "b_V", "W_GK"), kv)):
+            for name in names:
+                if name in params:  # the head axis: first of the parameter's own axes
+                    x = params[name]
+                    out[name] = x.index_select(x.ndim - getattr(m, name).ndim, index)
+        return out
 
     def inverse(self):
         return HeadPermutation(torch.argsort(self.perm), target=self.target)
 
 
+def _key_coordinates(m: MultiHeadAttention) -> int:
+    """How many coordinates of ``b_K`` translate freely: those RoPE leaves unrotated (none with
+    gated RoPE, whose gates multiply them by an input-dependent factor; none without biases)."""
+    if not m.has_bias or m.rope == "gated":
+        return 0
+    return m.d_head - m.rotary_dim
+
+
 @dataclass(frozen=True, eq=False)
-class KeyBiasShift(Factor):
-    """``b_K -> b_K + t``: a symmetry without RoPE, where ``q_t b_K^T`` cancels in the softmax."""
+class KeyBiasShift(ContinuousFactor):
+    """``b_K -> b_K + t``: ``q_t . t`` is the same for every key position and cancels in the
+    softmax, so a symmetry on the coordinates that RoPE does not rotate (all without RoPE)."""
 
     t: torch.Tensor  # [n_kv, d_head]
+    acts_on: ClassVar = MultiHeadAttention
 
     def __post_init__(self):
         object.__setattr__(self, "t", _check_shift(self.t, "KeyBiasShift.t"))
 
-    def apply_(self, m):
+    def check(self, m):
         if not m.has_bias:
             raise ValueError("KeyBiasShift needs a module with bias=True")
         _expect(m, "KeyBiasShift", n_kv_heads=self.t.shape[0], d_head=self.t.shape[1])
-        _set(m, "b_K", _get(m, "b_K") + _on(m, self.t))
+
+    def transform(self, params, m):
+        return dict(b_K=params["b_K"] + self.t.to(params["b_K"].device))
 
     def inverse(self):
         return KeyBiasShift(-self.t, target=self.target)
 
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group the unit shifts of the unrotated coordinates, group-major."""
+        units = unit_basis((m.d_head,))[m.d_head - _key_coordinates(m):]
+        return _grouped_basis(units, m.n_kv_heads)
+
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(X, target=target)
+
 
 @dataclass(frozen=True, eq=False)
-class ValueBiasShift(Factor):
-    """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``."""
+class ValueBiasShift(ContinuousFactor):
+    """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``: attention rows sum to one, so
+    a value bias is a constant output shift that ``b_O`` takes back."""
 
     t: torch.Tensor  # [n_kv, d_value]
+    acts_on: ClassVar = MultiHeadAttention
 
     def __post_init__(self):
         object.__setattr__(self, "t", _check_shift(self.t, "ValueBiasShift.t"))
 
-    def apply_(self, m):
+    def check(self, m):
         if not m.has_bias:
             raise ValueError("ValueBiasShift needs a module with bias=True")
         _expect(m, "ValueBiasShift", n_kv_heads=self.t.shape[0], d_value=self.t.shape[1])
-        t = _on(m, self.t)  # (Hkv, dv)
-        t_heads = t.repeat_interleave(m.group_size, dim=0)  # (H, dv)
-        _set(m, "b_V", _get(m, "b_V") + t)
-        _set(m, "b_O", _get(m, "b_O") - torch.einsum("he,hed->d", t_heads, _get(m, "W_O")))
+
+    def transform(self, params, m):
+        t = self.t.to(params["b_V"].device)  # (Hkv, dv)
+        shift = torch.einsum("he,...hed->...d", _per_group(t, m), params["W_O"])
+        return dict(b_V=params["b_V"] + t, b_O=params["b_O"] - shift)
 
     def inverse(self):
         return ValueBiasShift(-self.t, target=self.target)
 
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group the unit shifts of ``b_V`` (none without biases), group-major."""
+        units = unit_basis((m.d_value,))[:m.d_value if m.has_bias else 0]
+        return _grouped_basis(units, m.n_kv_heads)
 
-class GaugeElement:
-    """A gauge-group element: the product of its factors, applied first to last."""
-
-    def __init__(self, factors=()):
-        self.factors = tuple(factors)
-        for f in self.factors:
-            if not isinstance(f, Factor):
-                raise TypeError(f"a gauge factor must be a Factor, got {type(f).__name__}")
-
-    def act(self, module: nn.Module) -> nn.Module:
-        """Return a transformed deep copy of ``module``."""
-        out = copy.deepcopy(module)
-        for f in self.factors:
-            target = out.get_submodule(f.target)
-            if not isinstance(target, MultiHeadAttention):
-                raise TypeError(f"{type(f).__name__} acts on MultiHeadAttention, but "
-                                f"{f.target or 'the module'} is a {type(target).__name__}")
-            f.apply_(target)
-        return out
-
-    def inverse(self) -> "GaugeElement":
-        return GaugeElement(f.inverse() for f in reversed(self.factors))
-
-    def __matmul__(self, other: "GaugeElement") -> "GaugeElement":
-        if not isinstance(other, GaugeElement):
-            return NotImplemented
-        return GaugeElement(other.factors + self.factors)
-
-    def __repr__(self) -> str:
-        names = ", ".join(f"{type(f).__name__}({f.target!r})" if f.target else type(f).__name__
-                          for f in self.factors)
-        return f"GaugeElement([{names}])"
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(X, target=target)
 
 
-def identity() -> GaugeElement:
-    return GaugeElement()
+ATTENTION_ALGEBRA = (QKTransform, VOTransform, KeyBiasShift, ValueBiasShift)
+"""The continuous factors of one attention layer, in the column order of orbit tangents."""
 
 
 def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]:

@@ -1,7 +1,7 @@
 r"""Redundant directions of a whole GPT: the attention gauge of every layer, and what LayerNorm, the
 MLP and the tied embedding add (chapter 6).
 
-Importing this module registers :func:`gaugebook.redundancy.predicted_redundancy` for
+:func:`redundancy_count` is what :func:`gaugebook.redundancy.predicted_redundancy` returns for
 :class:`gaugebook.gpt.Block` (the block on its own, output the full residual stream),
 :class:`gaugebook.gpt.GPT` (output: logits) and :class:`LogProbabilities` (output: log-softmax of
 the logits, on which the loss depends). :func:`redundancy_terms` gives the count term by term from a
@@ -41,8 +41,7 @@ and for the whole model:
 The count holds at generic weights with probe sequences of length ``T`` that use every token, and
 needs ``vocab_size > n_embd``. Two caveats are measured in chapter 6: GPT-2's initialisation
 (gains 1, biases 0) is not generic, and a PReLU unit whose input never changes sign on the probes
-is linear there and adds redundancy. ``gaugebook.gpt`` does not import this module: import it
-before calling ``predicted_redundancy`` on a GPT.
+is linear there and adds redundancy.
 """
 from __future__ import annotations
 
@@ -53,9 +52,10 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import SymmetryBreakingBias
 from gaugebook.gpt import ACTIVATIONS, GPT, Block, GPTConfig, PReLU
-from gaugebook.redundancy import factor_redundancy, predicted_redundancy
+from gaugebook.lie import attention_terms
 
-__all__ = ["TERMS", "OUTPUTS", "LogProbabilities", "redundancy_terms", "block_terms",
+__all__ = ["TERMS", "OUTPUTS", "COUNTED", "LogProbabilities", "redundancy_terms", "block_terms",
+           "redundancy_count",
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
 TERMS = {
@@ -114,15 +114,11 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     if breaks and (rope or d > D_in):
         raise ValueError("the count for symmetry-breaking biases without learned biases covers "
                          "attention without RoPE and with d_head < n_embd")
-    if rope == "gated":
-        qk, key_bias = Hkv * (d // 2), 0  # per plane a real scalar; gates stop b_K cancelling
-    elif rope:
-        qk, key_bias = Hkv * d, 0  # per plane a complex scalar
-    elif breaks:
-        qk, key_bias = Hkv * (d * d - d), 0
-    else:
-        qk, key_bias = Hkv * factor_redundancy(G * (D_in + b), D_in, d), Hkv * b * d
-    vo = Hkv * factor_redundancy(D_in, G * D_out, d)
+    sectors = attention_terms(d_in=D_in, d_out=D_out, n_kv_heads=Hkv, group_size=G, d_head=d,
+                              d_value=d, bias=bias, rope=rope, rotary_dim=d if rope else 0)
+    if breaks:  # a fixed query shift s leaves of GL(d) only {X : s X = 0}; b_K is not learned
+        sectors["qk_gauge"] = Hkv * (d * d - d)
+    qk, key_bias, vo = sectors["qk_gauge"], sectors["key_bias"], sectors["vo_gauge"]
     if breaks and symmetry_breaking == "bqv" and mu_v != 0.0:
         vo -= min(Hkv * d, D_out)
     gates = H * d + Hkv * d if rope == "gated" and not bias else 0  # bias-free readers of ln_1
@@ -188,24 +184,21 @@ def _block_shape(block: Block) -> dict:
                 mu_v=0.0 if block.breaking is None else block.breaking.mu_v)
 
 
-@predicted_redundancy.register
-def _(block: Block) -> int:
-    """One block on its own (output: the residual stream after the block, mean included)."""
-    _check_deterministic(block)
-    return sum(block_terms(**_block_shape(block), in_gpt=False).values())
+COUNTED = (Block, GPT, LogProbabilities)
+"""The model types :func:`redundancy_count` covers."""
 
 
-@predicted_redundancy.register
-def _(model: GPT) -> int:
-    """The GPT's own output, the logits."""
+def redundancy_count(model: Block | GPT | LogProbabilities) -> int:
+    """The count :func:`gaugebook.redundancy.predicted_redundancy` gives: a block on its own
+    (output: the residual stream after the block, mean included), a GPT (its own output, the
+    logits) or :class:`LogProbabilities` (``D`` more than the logits: ``embedding_shift``)."""
+    if not isinstance(model, COUNTED):
+        raise TypeError(f"expected a Block, GPT or LogProbabilities, got {type(model).__name__}")
     _check_deterministic(model)
-    return sum(redundancy_terms(model.config, output="logits").values())
-
-
-@predicted_redundancy.register
-def _(model: LogProbabilities) -> int:
-    """Log-probabilities: ``D`` more than the logits (``embedding_shift``)."""
-    _check_deterministic(model)
+    if isinstance(model, Block):
+        return sum(block_terms(**_block_shape(model), in_gpt=False).values())
+    if isinstance(model, GPT):
+        return sum(redundancy_terms(model.config, output="logits").values())
     return sum(redundancy_terms(model.gpt.config, output="log_probs").values())
 
 

@@ -45,10 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gaugebook.linalg import check_permutation
-from gaugebook.redundancy import predicted_redundancy
 
 __all__ = ["MoE", "MoEOutput", "ACTIVATIONS", "load_balancing_loss", "permute_experts",
-           "shift_router", "rescale_hidden", "permute_hidden"]
+           "shift_router", "rescale_hidden", "permute_hidden", "redundancy_count"]
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
@@ -189,10 +188,10 @@ class MoE(nn.Module):
                          load_balancing_loss(probs, indices))
 
 
-@predicted_redundancy.register
-def _(m: MoE) -> int:
+def redundancy_count(m: MoE) -> int:
     """Redundant directions of the layer's output at generic weights and inputs (every expert
-    chosen by enough tokens, no token at a tie):
+    chosen by enough tokens, no token at a tie), the count that
+    :func:`gaugebook.redundancy.predicted_redundancy` gives for a :class:`MoE`:
 
     * router: the shift ``c [D]`` (plus ``s`` with a router bias). With ``k = 1`` and
       renormalised gates the router only selects, so all its ``D E (+ E)`` parameters are flat.

@@ -35,51 +35,31 @@ from dataclasses import dataclass
 import torch
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
-from gaugebook.linalg import DTYPE, numerical_rank
+from gaugebook.gauge import ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform, qk_algebra
+from gaugebook.lie import tangent_map
+from gaugebook.linalg import numerical_rank
 from gaugebook.mechanics import grouped_weights
 
 __all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
            "balancing_element"]
 
 
+def _check(m) -> None:
+    if not isinstance(m, MultiHeadAttention):
+        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+
+
 def qk_lie_basis(m: MultiHeadAttention) -> torch.Tensor:
-    """A basis ``[n, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``.
+    """A basis ``[n, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``
+    (:func:`gaugebook.gauge.qk_algebra`).
 
     Without RoPE all of ``gl(d_head)``. With RoPE, per rotation plane ``(i, i + r/2)`` the scaling
     ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for gated RoPE, whose coordinate-wise
     gates forbid rotations), and on the ``u = d_head - r`` unrotated coordinates all of ``gl(u)``
     (its diagonal for gated RoPE).
     """
-    if not isinstance(m, MultiHeadAttention):
-        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
-    dk, r = m.d_head, m.rotary_dim
-    half, basis = r // 2, []
-
-    def unit(*entries):
-        E = torch.zeros(dk, dk, dtype=DTYPE)
-        for i, j, v in entries:
-            E[i, j] = v
-        return E
-
-    for i in range(half):
-        basis.append(unit((i, i, 1.0), (i + half, i + half, 1.0)))
-        if m.rope != "gated":
-            basis.append(unit((i, i + half, 1.0), (i + half, i, -1.0)))
-    rest = range(r, dk)
-    if m.rope == "gated":
-        basis += [unit((i, i, 1.0)) for i in rest]
-    else:
-        basis += [unit((i, j, 1.0)) for i in rest for j in rest]
-    return torch.stack(basis)
-
-
-def _key_translations(m: MultiHeadAttention) -> list[int]:
-    """Coordinates ``i`` of ``b_K`` whose translation is a symmetry: the softmax cancels
-    ``q . t`` only where ``t`` is not rotated (or gated) with the key position."""
-    if not m.has_bias or m.rope == "gated":
-        return []
-    return list(range(m.rotary_dim, m.d_head))
+    _check(m)
+    return qk_algebra(m)
 
 
 def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
@@ -88,44 +68,13 @@ def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
     Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
     :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
     key/value group, the QK basis of :func:`qk_lie_basis`, ``gl(d_value)`` (``E_ij`` in row-major
-    order), then key- and value-bias translations (with biases). Float64.
+    order), then key- and value-bias translations (with biases). Each family's columns are
+    :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
-    Bq = qk_lie_basis(m)  # (nq, dk, dk)
-    dv = m.d_value
-    Bv = torch.eye(dv * dv, dtype=DTYPE).reshape(-1, dv, dv)  # (dv^2, dv, dv)
-    P = {n: p.detach().to(DTYPE) for n, p in m.named_parameters()}
-    keys = _key_translations(m)
-    G = m.group_size
-    columns = []
-    for g in range(m.n_kv_heads):
-        heads = slice(g * G, (g + 1) * G)
-
-        def tangent(**deltas):
-            out = {n: torch.zeros_like(p) for n, p in P.items()}
-            for name, (index, value) in deltas.items():
-                out[name][index] = value
-            return torch.cat([out[n].reshape(-1) for n in P])
-
-        for X in Bq:
-            d = dict(W_Q=(heads, P["W_Q"][heads] @ X), W_K=(g, -P["W_K"][g] @ X.T))
-            if m.has_bias:
-                d.update(b_Q=(heads, P["b_Q"][heads] @ X), b_K=(g, -P["b_K"][g] @ X.T))
-            columns.append(tangent(**d))
-        for Y in Bv:
-            d = dict(W_V=(g, P["W_V"][g] @ Y), W_O=(heads, -Y @ P["W_O"][heads]))
-            if m.has_bias:
-                d.update(b_V=(g, P["b_V"][g] @ Y))
-            columns.append(tangent(**d))
-        for i in keys:
-            e = torch.zeros(m.d_head, dtype=DTYPE)
-            e[i] = 1.0
-            columns.append(tangent(b_K=(g, e)))
-        if m.has_bias:
-            for i in range(dv):
-                e = torch.zeros(dv, dtype=DTYPE)
-                e[i] = 1.0
-                columns.append(tangent(b_V=(g, e), b_O=(slice(None), -P["W_O"][heads, i].sum(0))))
-    return torch.stack(columns, dim=1)
+    _check(m)
+    per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
+                  for family in ATTENTION_ALGEBRA]  # (n_params, Hkv, k_family) each
+    return torch.cat(per_family, dim=2).flatten(1)
 
 
 @dataclass(frozen=True)

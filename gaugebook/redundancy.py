@@ -24,7 +24,10 @@ from torch.func import functional_call, jacfwd, jacrev
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.lie import attention_terms, factor_redundancy
 from gaugebook.linalg import numerical_rank
+from gaugebook.moe import MoE
+from gaugebook.moe import redundancy_count as moe_redundancy_count
 
 __all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "FlatModel",
            "parameter_function",
@@ -129,48 +132,26 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     return Redundancy(n_params, rank, n_params - rank, s, tol, gap)
 
 
-def factor_redundancy(m: int, n: int, k: int) -> int:
-    """Redundancy of the product map ``(A [m, k], B [n, k]) -> A B^T``.
-
-    Its image is the set of ``m x n`` matrices of rank at most ``r = min(k, m, n)``, of dimension
-    ``r (m + n - r)``; so ``(m + n) k - r (m + n - r)`` parameter directions are lost. For
-    ``k <= min(m, n)`` this is ``k^2 = dim GL(k)``; for ``k > n`` the GL(k) action has a stabiliser.
-    """
-    r = min(k, m, n)
-    return (m + n) * k - r * (m + n - r)
-
-
 @functools.singledispatch
 def predicted_redundancy(model: nn.Module) -> int:
-    """The gauge theory's count of redundant directions of ``model`` at generic weights."""
-    raise TypeError(f"no redundancy prediction for {type(model).__name__}")
+    """The gauge theory's count of redundant directions of ``model`` at generic weights.
 
-
-@predicted_redundancy.register
-def _(m: MultiHeadAttention) -> int:
-    """Sum over key/value groups of the QK and VO sectors, plus bias directions.
-
-    For each group of ``G`` query heads sharing one key/value head (``D = d_model``, ``b = 1``
-    with biases):
-
-    * QK without RoPE: queries ``[x, 1] W~_Q`` of all ``G`` heads against keys ``x W_K``: the
-      factor map has redundancy ``factor_redundancy(G (D + b), D, d_head)`` (``= d_head^2``
-      when ``d_head <= D``), and ``b_K`` cancels in the softmax (``d_head`` more).
-    * QK with RoPE: the commutant of the rotations: 2 per rotation plane (1 with gated RoPE),
-      and on the ``u = d_head - rotary_dim`` unrotated coordinates the plain count with
-      ``b_K`` cancelling there (per coordinate 1 with gated RoPE).
-    * VO: ``factor_redundancy(D, G D, d_value)`` (``= d_value^2``), plus ``d_value`` from ``b_V``,
-      whose contribution ``b_V W_O`` is a constant that ``b_O`` absorbs.
-
-    Assumes ``d_model >= 2`` and, with RoPE, inputs longer than ``d_head`` tokens.
+    Every model type the library defines: :class:`~gaugebook.attention.MultiHeadAttention`
+    (:func:`gaugebook.lie.attention_terms` with ``d_in = d_out = d_model``; assumes
+    ``d_model >= 2`` and, with RoPE, inputs longer than ``d_head`` tokens),
+    :class:`~gaugebook.moe.MoE`, and a GPT, one of its blocks or its log-probabilities
+    (:func:`gaugebook.gpt_redundancy.redundancy_count`). Nothing needs importing first.
     """
-    D, G, b, dk, dv = m.d_model, m.group_size, int(m.has_bias), m.d_head, m.d_value
-    if not m.rope:
-        qk = factor_redundancy(G * (D + b), D, dk) + b * dk
-    elif m.rope == "gated":
-        qk = m.rotary_dim // 2 + (dk - m.rotary_dim)
-    else:
-        u = dk - m.rotary_dim
-        qk = m.rotary_dim + factor_redundancy(G * (D + b), D, u) + b * u
-    vo = factor_redundancy(D, G * D, dv) + b * dv
-    return m.n_kv_heads * (qk + vo)
+    if isinstance(model, MultiHeadAttention):
+        return sum(attention_terms(d_in=model.d_model, d_out=model.d_model,
+                                   n_kv_heads=model.n_kv_heads, group_size=model.group_size,
+                                   d_head=model.d_head, d_value=model.d_value,
+                                   bias=model.has_bias, rope=model.rope,
+                                   rotary_dim=model.rotary_dim).values())
+    if isinstance(model, MoE):
+        return moe_redundancy_count(model)
+    # imported here, not above: gaugebook.gpt imports gaugebook.breaking, which imports this module
+    from gaugebook import gpt_redundancy
+    if isinstance(model, gpt_redundancy.COUNTED):
+        return gpt_redundancy.redundancy_count(model)
+    raise TypeError(f"no redundancy prediction for {type(model).__name__}")

@@ -1,4 +1,6 @@
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -90,3 +92,21 @@ def test_the_function_is_the_model_in_eval_mode(generator):
     expected = jacobian(copy.deepcopy(model).eval(), x)
     torch.testing.assert_close(jacobian(model, x), expected)
     assert model.training  # the model itself is untouched
+
+
+@pytest.mark.parametrize("build", [
+    "gaugebook.gpt GPT(GPTConfig(50, 8, 1, 2, 8)).eval()",
+    "gaugebook.gpt GPT(GPTConfig(50, 8, 1, 2, 8)).blocks[0].eval()",
+    "gaugebook.moe MoE(4, 3, 5, 2, activation='relu')",
+    "gaugebook.attention MultiHeadAttention(8, 2, 4)",
+])
+def test_predicted_redundancy_needs_no_other_import(build):
+    """Only the model's module and gaugebook.redundancy are imported (a fresh interpreter):
+    no count is registered as a side effect of importing some third module."""
+    module, expression = build.split(" ", 1)
+    code = (f"import sys\nfrom {module} import *\nfrom gaugebook.redundancy import "
+            f"predicted_redundancy\nprint(predicted_redundancy({expression}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0

@@ -1,0 +1,304 @@
+r"""The one form of every symmetry the book counts: a group element that acts on a module's
+parameters, and its Lie algebra.
+
+A :class:`Factor` is one primitive symmetry acting on the submodule at ``target`` (a path inside
+the module it is applied to, ``""`` for the module itself). It knows
+
+* its **action** ``transform(params, module) -> params``: a pure function of the float64
+  parameters of the target (named as in ``module.named_parameters()``), differentiable in the
+  parameters and in the factor's own tensors, with optional leading batch dimensions on the
+  parameters. :meth:`GaugeElement.act` applies it to a deep copy; the input is never touched;
+* its **inverse** ``inverse()``; composition is :class:`GaugeElement`'s ``@``, which follows
+  functions: ``(a @ b).act(m) == a.act(b.act(m))``.
+
+A :class:`ContinuousFactor` (a Lie group) also knows
+
+* its **Lie algebra** at a module, ``lie_basis(module) -> [k, *shape]``: ``k`` algebra elements
+  in the shape of the factor's parameter (``k`` is the family's dimension at that module);
+* its **exponential** ``exp(X)``: the one-parameter subgroup ``t -> exp(t X)``.
+
+From these two everything else is derived once, here:
+
+* :func:`tangent_map`: the generators as tangent vectors of the orbit through the module's
+  parameters, ``d/dt exp(t X) . theta`` at ``t = 0`` (forward-mode differentiation of the action);
+* :func:`momentum_map`: ``mu(p)[X] = <p, d/dt exp(t X) . theta>``, the momentum ``p`` dotted with
+  every generator at once (one reverse-mode pass), returned in the shape of the algebra element.
+  Noether charges and gradient-flow invariants are its values (:mod:`gaugebook.mechanics`);
+* :func:`project`: the orthogonal projection onto a subalgebra given by an orthogonal basis.
+
+The dimension formulas of the attention sectors (:func:`attention_terms`) and of the product
+map (:func:`factor_redundancy`) live here too, so that the counts of
+:mod:`gaugebook.redundancy` and :mod:`gaugebook.gpt_redundancy` come from one place.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.func import jvp, vmap
+
+from gaugebook.linalg import DTYPE
+
+__all__ = ["Factor", "ContinuousFactor", "GaugeElement", "identity", "tangent_map",
+           "momentum_map", "project", "gl_basis", "rope_commutant_basis", "unit_basis",
+           "factor_redundancy", "attention_terms", "float64_parameters"]
+
+
+# ----------------------------------------------------------------------------- group elements
+
+def float64_parameters(module: nn.Module, *, trainable_only: bool = False) -> dict:
+    """``{name: parameter}`` of ``module`` as detached float64 tensors (``named_parameters()``
+    order; tied parameters once)."""
+    return {n: p.detach().to(DTYPE) for n, p in module.named_parameters()
+            if p.requires_grad or not trainable_only}
+
+
+@dataclass(frozen=True, eq=False)  # equality by identity: the fields are tensors
+class Factor:
+    """A primitive symmetry of the module at ``target``; subclasses set ``acts_on`` (the class
+    of module it acts on) and implement :meth:`transform` and :meth:`inverse`."""
+
+    target: str = field(default="", kw_only=True)
+    acts_on: ClassVar[type | tuple[type, ...]] = nn.Module
+
+    @classmethod
+    def unchecked(cls, *args, **kwargs) -> "Factor":
+        """A factor from tensors as they are (no validation, no cast): the differentiable path
+        that :func:`tangent_map`, :func:`momentum_map` and the orbit search use."""
+        self = object.__new__(cls)
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "target"]
+        for name, value in zip(names, args):
+            object.__setattr__(self, name, value)
+        for name, value in {"target": "", **kwargs}.items():
+            object.__setattr__(self, name, value)
+        return self
+
+    def check(self, module: nn.Module) -> None:
+        """Raise ``ValueError`` when the factor does not fit ``module`` (a :attr:`acts_on`)."""
+
+    def transform(self, params: dict, module: nn.Module) -> dict:  # pragma: no cover - abstract
+        """The action on ``params`` (float64, named relative to ``module``): a new dict with the
+        transformed entries replaced."""
+        raise NotImplementedError
+
+    def inverse(self) -> "Factor":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _target(self, model: nn.Module) -> nn.Module:
+        module = model.get_submodule(self.target)
+        if not isinstance(module, self.acts_on):
+            kinds = self.acts_on if isinstance(self.acts_on, tuple) else (self.acts_on,)
+            raise TypeError(f"{type(self).__name__} acts on {' or '.join(k.__name__ for k in kinds)},"
+                            f" but {self.target or 'the module'} is a {type(module).__name__}")
+        self.check(module)
+        return module
+
+    def apply_(self, module: nn.Module) -> None:
+        """Overwrite the parameters of ``module`` (the target itself) with the action's result,
+        computed in float64 and cast back to each parameter's dtype."""
+        named = dict(module.named_parameters())
+        new = self.transform(float64_parameters(module), module)
+        with torch.no_grad():
+            for name, value in new.items():
+                named[name].copy_(value.to(named[name].dtype))
+
+
+class ContinuousFactor(Factor):
+    """A factor of a Lie group: also :meth:`lie_basis` and :meth:`exp`."""
+
+    @classmethod
+    def lie_basis(cls, module: nn.Module) -> torch.Tensor:  # pragma: no cover - abstract
+        """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64)."""
+        raise NotImplementedError
+
+    @classmethod
+    def exp(cls, X: torch.Tensor, *, target: str = "") -> "ContinuousFactor":  # pragma: no cover
+        """The group element ``exp(X)`` for an algebra element ``X`` (unchecked, differentiable)."""
+        raise NotImplementedError
+
+
+class GaugeElement:
+    """A product of factors, applied first to last."""
+
+    def __init__(self, factors=()):
+        self.factors = tuple(factors)
+        for f in self.factors:
+            if not isinstance(f, Factor):
+                raise TypeError(f"a gauge factor must be a Factor, got {type(f).__name__}")
+
+    def transform(self, params: dict, model: nn.Module) -> dict:
+        """The action on ``params`` (float64, named as in ``model.named_parameters()``): the
+        functional form of :meth:`act`, differentiable."""
+        for f in self.factors:
+            module = f._target(model)
+            prefix = f"{f.target}." if f.target else ""
+            sub = {n[len(prefix):]: t for n, t in params.items() if n.startswith(prefix)}
+            new = f.transform(sub, module)
+            params = {**params, **{prefix + n: t for n, t in new.items()}}
+        return params
+
+    def act(self, module: nn.Module) -> nn.Module:
+        """Return a transformed deep copy of ``module``."""
+        out = copy.deepcopy(module)
+        for f in self.factors:
+            f.apply_(f._target(out))
+        return out
+
+    def inverse(self) -> "GaugeElement":
+        return GaugeElement(f.inverse() for f in reversed(self.factors))
+
+    def __matmul__(self, other: "GaugeElement") -> "GaugeElement":
+        if not isinstance(other, GaugeElement):
+            return NotImplemented
+        return GaugeElement(other.factors + self.factors)
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{type(f).__name__}({f.target!r})" if f.target else type(f).__name__
+                          for f in self.factors)
+        return f"GaugeElement([{names}])"
+
+
+def identity() -> GaugeElement:
+    return GaugeElement()
+
+
+# ----------------------------------------------------------------------------- Lie algebras
+
+def _flat(params: dict, names) -> torch.Tensor:
+    return torch.cat([params[n].reshape(-1) for n in names])
+
+
+def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = "",
+                basis: torch.Tensor | None = None, *, trainable_only: bool = True) -> torch.Tensor:
+    """``T [n_params, k]``: column ``i`` is ``d/dt exp(t B_i) . theta`` at ``t = 0`` for the
+    basis ``B [k, *shape]`` (default: ``family.lie_basis`` of the target), as a vector over the
+    trainable parameters of ``model`` (``named_parameters()`` order, each flattened row-major,
+    the order of :func:`gaugebook.redundancy.jacobian`; all parameters with
+    ``trainable_only=False``). Float64."""
+    module = model.get_submodule(target)
+    basis = family.lie_basis(module) if basis is None else basis
+    params = float64_parameters(model, trainable_only=trainable_only)
+    names = list(params)
+    n_params = sum(params[n].numel() for n in names)
+    if len(basis) == 0:
+        return torch.zeros(n_params, 0, dtype=DTYPE)
+    basis = basis.to(DTYPE)
+
+    def orbit(X):  # X [*shape] -> exp(X) . theta [n_params]
+        moved = GaugeElement([family.exp(X, target=target)]).transform(params, model)
+        return _flat(moved, names)
+
+    zero = torch.zeros_like(basis[0])
+    return vmap(lambda B: jvp(orbit, (zero,), (B,))[1])(basis).T
+
+
+def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict,
+                 target: str = "", shape=None) -> torch.Tensor:
+    """``mu [*shape]`` with ``<mu, X> = <p, d/dt exp(t X) . theta>`` for every ``X`` of that
+    shape: the momentum ``p`` (``momenta``, float64 tensors keyed like the target's parameters)
+    dotted with every generator, by one reverse-mode pass through the action. ``shape`` is the
+    family's parameter shape (default: that of ``lie_basis``)."""
+    module = model.get_submodule(target)
+    shape = family.lie_basis(module).shape[1:] if shape is None else shape
+    params = float64_parameters(module)
+    X = torch.zeros(shape, dtype=DTYPE, device=next(iter(params.values())).device,
+                    requires_grad=True)
+    with torch.enable_grad():
+        moved = family.exp(X).transform(params, module)
+        pairing = sum((momenta[n] * t).sum() for n, t in moved.items())
+        return torch.autograd.grad(pairing, X)[0]
+
+
+def project(X: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Orthogonal projection of ``X [..., *shape]`` onto the span of an orthogonal (not
+    necessarily normalised) ``basis [k, *shape]``: ``sum_i <X, B_i> B_i / <B_i, B_i>``."""
+    B = basis.to(X).flatten(1)  # (k, n)
+    x = X.reshape(*X.shape[:X.ndim - basis.ndim + 1], -1)  # (..., n)
+    coeffs = (x @ B.T) / (B * B).sum(1)
+    return (coeffs @ B).reshape(X.shape)
+
+
+def unit_basis(shape) -> torch.Tensor:
+    """``[prod(shape), *shape]``: every coordinate direction of a tensor of that shape, in
+    row-major order (a basis of an abelian algebra of translations or scalings)."""
+    shape = torch.Size(shape)
+    return torch.eye(shape.numel(), dtype=DTYPE).reshape(shape.numel(), *shape)
+
+
+def gl_basis(n: int) -> torch.Tensor:
+    """``[n^2, n, n]``: the units ``E_ij`` of ``gl(n)`` in row-major order."""
+    return unit_basis((n, n))
+
+
+def rope_commutant_basis(d_head: int, rotary_dim: int, gated: bool = False) -> torch.Tensor:
+    """An orthogonal basis ``[k, d_head, d_head]`` of the matrices that commute with every RoPE
+    rotation (planes ``(i, i + r/2)``, ``r = rotary_dim``; ``r = 0`` is no RoPE).
+
+    Per rotation plane the scaling ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for
+    gated RoPE, whose coordinate-wise gates forbid rotations); on the ``u = d_head - r``
+    unrotated coordinates all of ``gl(u)`` (its diagonal for gated RoPE). Dimension ``r + u^2``,
+    gated ``r/2 + u``."""
+    half, basis = rotary_dim // 2, []
+    for i in range(half):
+        S = torch.zeros(d_head, d_head, dtype=DTYPE)
+        S[i, i] = S[i + half, i + half] = 1.0
+        basis.append(S)
+        if not gated:
+            J = torch.zeros(d_head, d_head, dtype=DTYPE)
+            J[i, i + half], J[i + half, i] = 1.0, -1.0
+            basis.append(J)
+    rest = range(rotary_dim, d_head)
+    pairs = [(i, i) for i in rest] if gated else [(i, j) for i in rest for j in rest]
+    for i, j in pairs:
+        E = torch.zeros(d_head, d_head, dtype=DTYPE)
+        E[i, j] = 1.0
+        basis.append(E)
+    return torch.stack(basis) if basis else torch.zeros(0, d_head, d_head, dtype=DTYPE)
+
+
+# ----------------------------------------------------------------------------- dimensions
+
+def factor_redundancy(m: int, n: int, k: int) -> int:
+    """Redundancy of the product map ``(A [m, k], B [n, k]) -> A B^T``.
+
+    Its image is the set of ``m x n`` matrices of rank at most ``r = min(k, m, n)``, of dimension
+    ``r (m + n - r)``; so ``(m + n) k - r (m + n - r)`` parameter directions are lost. For
+    ``k <= min(m, n)`` this is ``k^2 = dim GL(k)``; for ``k > n`` the GL(k) action has a stabiliser.
+    """
+    r = min(k, m, n)
+    return (m + n) * k - r * (m + n - r)
+
+
+def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, d_head: int,
+                    d_value: int, bias: bool, rope: bool | str = False,
+                    rotary_dim: int = 0) -> dict[str, int]:
+    """Redundant directions of one attention layer at generic weights, by sector:
+    ``qk_gauge``, ``key_bias``, ``vo_gauge``, ``value_bias``.
+
+    ``d_in`` is the dimension of the inputs' span (``d_model``, or ``d_model - 1`` behind a
+    LayerNorm), ``d_out`` that of the outputs that matter (``d_model - 1`` when a LayerNorm reads
+    them). Per key/value group of ``G`` query heads (``b = 1`` with biases):
+
+    * QK without RoPE: queries ``[x, 1] W~_Q`` of all ``G`` heads against keys ``x W_K``:
+      ``factor_redundancy(G (d_in + b), d_in, d_head)`` (``= d_head^2`` when
+      ``d_head <= d_in``); ``b_K`` cancels in the softmax (``d_head`` more).
+    * QK with RoPE: the commutant of the rotations, 2 per plane (1 with gated RoPE), and on the
+      ``u = d_head - rotary_dim`` unrotated coordinates the plain count, ``b_K`` cancelling there
+      (per coordinate 1 with gated RoPE, whose gates stop ``b_K`` cancelling).
+    * VO: ``factor_redundancy(d_in, G d_out, d_value)`` (``= d_value^2``), plus ``d_value`` from
+      ``b_V``, whose contribution ``b_V W_O`` is a constant that ``b_O`` absorbs.
+    """
+    D, G, b = d_in, group_size, int(bias)
+    u = d_head - rotary_dim if rope else d_head
+    if rope == "gated":
+        qk, key_bias = rotary_dim // 2 + u, 0
+    else:
+        qk = (rotary_dim if rope else 0) + factor_redundancy(G * (D + b), D, u)
+        key_bias = b * u
+    vo = factor_redundancy(D, G * d_out, d_value)
+    return dict(qk_gauge=n_kv_heads * qk, key_bias=n_kv_heads * key_bias,
+                vo_gauge=n_kv_heads * vo, value_bias=n_kv_heads * b * d_value)
