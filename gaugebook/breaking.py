@@ -43,8 +43,9 @@ class SymmetryBreakingBias(nn.Module):
 
     ``forward()`` returns ``(query_shift [d_head], value_shift [d_value] or None)``, to be passed to
     :meth:`MultiHeadAttention.forward`; the shapes broadcast over heads, so all heads of the layer
-    share the draw. Sampling uses ``torch.randn_like`` on the buffers (their device and dtype, no
-    Python randomness), which ``torch.compile`` traces without a graph break.
+    share the draw. Sampling uses ``torch.randn`` on the buffers' device and dtype (no Python
+    randomness), which ``torch.compile`` traces without a graph break; :meth:`sample` draws from
+    an explicit generator (the trainer's, outside the compiled model).
 
     Args:
         d_head: query/key head width.
@@ -69,13 +70,20 @@ class SymmetryBreakingBias(nn.Module):
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, d_head={self.q_mean.numel()}, mu_v={self.mu_v}"
 
+    def sample(self, generator: torch.Generator | None = None):
+        """One draw ``(b_Q [d_head], b_V [d_value] or None)``, from ``generator`` (default:
+        torch's global generator on the buffers' device)."""
+        def normal(mean, std):
+            z = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            return mean + std * z
+
+        query = normal(self.q_mean, self.q_std)  # (dk,)
+        return query, (normal(self.v_mean, self.v_std) if self.mode == "bqv" else None)  # (dv,)
+
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.training:  # inference uses the means
             return self.q_mean, (self.v_mean if self.mode == "bqv" else None)
-        query = self.q_mean + self.q_std * torch.randn_like(self.q_mean)  # (dk,)
-        if self.mode == "bq":
-            return query, None
-        return query, self.v_mean + self.v_std * torch.randn_like(self.v_mean)  # (dv,)
+        return self.sample()
 
 
 class ShiftedAttention(nn.Module):

@@ -27,6 +27,10 @@ __all__ = ["GPTConfig", "GPT", "ACTIVATIONS"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range
+# PReLU slopes at initialisation: nn.PReLU's constant 0.25, or the symmetry-breaking paper's
+# code, which draws one slope per hidden unit from N(0.2, 1.0^2).
+PRELU_INITS = ("constant", "paper")
+PRELU_CONSTANT, PRELU_PAPER_MEAN, PRELU_PAPER_STD = 0.25, 0.2, 1.0
 
 
 @dataclass
@@ -35,7 +39,8 @@ class GPTConfig:
 
     ``n_kv_head`` (default ``n_head``) gives grouped-query attention; ``symmetry_breaking`` is
     ``None``, ``"bq"`` (unlearned query bias) or ``"bqv"`` (query and value biases, the value
-    bias with mean ``mu_v``).
+    bias with mean ``mu_v``); ``prelu_init`` is ``"constant"`` (every slope 0.25) or
+    ``"paper"`` (one slope per hidden unit from N(0.2, 1.0^2)).
     """
 
     vocab_size: int
@@ -50,6 +55,7 @@ class GPTConfig:
     rope: bool | str = False
     symmetry_breaking: str | None = None
     mu_v: float = 0.0
+    prelu_init: str = "constant"
 
     def __post_init__(self):
         sizes = dict(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
@@ -78,6 +84,8 @@ class GPTConfig:
         if not isinstance(self.mu_v, (int, float)) or isinstance(self.mu_v, bool) \
                 or not math.isfinite(self.mu_v):
             raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
+        if self.prelu_init not in PRELU_INITS:
+            raise ValueError(f"prelu_init must be one of {PRELU_INITS}, got {self.prelu_init!r}")
         if self.mu_v != 0.0 and self.symmetry_breaking != "bqv":
             raise ValueError(f"mu_v={self.mu_v} is the mean of the value bias, which only "
                              f"symmetry_breaking='bqv' adds (got {self.symmetry_breaking!r})")
@@ -148,9 +156,13 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(D, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, draw=None) -> torch.Tensor:
+        """``draw``: this layer's ``(b_Q, b_V)`` to use instead of the module's own draw (or
+        mean, in eval mode)."""
         # one draw per layer and forward pass, shared by the heads (broadcast inside attn)
-        query_shift, value_shift = (None, None) if self.breaking is None else self.breaking()
+        if draw is None:
+            draw = (None, None) if self.breaking is None else self.breaking()
+        query_shift, value_shift = draw
         x = x + self.attn(self.ln_1(x), query_shift=query_shift, value_shift=value_shift)
         return x + self.mlp(self.ln_2(x))  # (B, T, D)
 
@@ -186,8 +198,10 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
+            elif isinstance(module, PReLU) and self.config.prelu_init == "constant":
+                nn.init.constant_(module.weight, PRELU_CONSTANT)  # nn.PReLU's default slope
             elif isinstance(module, PReLU):
-                nn.init.constant_(module.weight, 0.25)  # nn.PReLU's default slope
+                nn.init.normal_(module.weight, PRELU_PAPER_MEAN, PRELU_PAPER_STD)
             elif isinstance(module, MultiHeadAttention):
                 for name, p in module.named_parameters():
                     if name.startswith("b_"):
@@ -202,8 +216,34 @@ class GPT(nn.Module):
         once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits for every position and, with ``targets [B, T]``, the mean cross-entropy."""
+    def draw_biases(self, generator: torch.Generator | None = None):
+        """One training draw of every layer's symmetry-breaking biases, ``(b_Q [L, d_head],
+        b_V [L, d_value] or None)``, from ``generator``; ``None`` for a symmetric model. Passed
+        as ``forward(..., bias_draws=...)``, it replaces the draws the layers would make."""
+        layers = [block.breaking for block in self.blocks]
+        if layers[0] is None:
+            return None
+        draws = [layer.sample(generator) for layer in layers]
+        values = None if draws[0][1] is None else torch.stack([v for _, v in draws])
+        return torch.stack([q for q, _ in draws]), values
+
+    def gpt2_tensors(self) -> list[list[str]]:
+        """Names of this model's parameters grouped as GPT-2's own tensors: in each layer the
+        query, key and value weights of all heads are one fused ``c_attn.weight``, their biases
+        one ``c_attn.bias``; every other parameter is a tensor of its own (the tied embedding
+        once). The partition of ECD's per-tensor projection in the paper's code."""
+        fused = {f"blocks.{i}.attn.{kind}_{x}": (i, kind) for i in range(self.config.n_layer)
+                 for kind in ("W", "b") for x in "QKV"}
+        groups: dict = {}
+        for name, _ in self.named_parameters():
+            groups.setdefault(fused.get(name, name), []).append(name)
+        return list(groups.values())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                bias_draws=None):
+        """Logits for every position and, with ``targets [B, T]``, the mean cross-entropy.
+        ``bias_draws`` (from :meth:`draw_biases`) fixes the symmetry-breaking biases of this
+        pass."""
         if idx.ndim != 2:
             raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
         T = idx.shape[1]
@@ -212,8 +252,14 @@ class GPT(nn.Module):
         x = self.wte(idx)  # (B, T, D)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, D) broadcast over B
-        for block in self.blocks:
-            x = block(x)
+        if bias_draws is not None and self.blocks[0].breaking is None:
+            raise ValueError("bias_draws given to a symmetric model (symmetry_breaking=None)")
+        for i, block in enumerate(self.blocks):
+            if bias_draws is None:
+                x = block(x)
+            else:
+                query, value = bias_draws
+                x = block(x, (query[i], None if value is None else value[i]))
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
@@ -253,10 +299,17 @@ class GPT(nn.Module):
     def from_huggingface(cls, hf_model) -> "GPT":
         """Convert a ``transformers`` ``GPT2LMHeadModel`` (weights copied, same dtype).
 
+        ``hf_model`` is the model itself, or what ``GPT2LMHeadModel.from_pretrained`` takes: a
+        name on the Hugging Face Hub (``"gpt2"``: downloaded once, then read from the local cache)
+        or a directory written by ``save_pretrained``. Offline, a name that is not in the cache
+        raises ``OSError`` saying how to get the weights.
+
         Hugging Face's ``Conv1D`` computes ``x @ weight + bias`` with ``c_attn.weight [D, 3D]``
         holding ``[W_q | W_k | W_v]``, heads contiguous within each; ``c_proj.weight [D, D]`` maps
         the concatenated heads back. Splitting them gives the per-head layout.
         """
+        if not isinstance(hf_model, nn.Module):  # a Hub name or a save_pretrained directory
+            hf_model = _load_gpt2(hf_model)
         hc = hf_model.config
         expected = dict(activation_function=("gelu_new", "gelu_pytorch_tanh"),
                         n_inner=(None, 4 * hc.n_embd), layer_norm_epsilon=(1e-5,),
@@ -291,3 +344,25 @@ class GPT(nn.Module):
                     getattr(block.mlp, name).weight.copy_(getattr(hf.mlp, name).weight.T)
                     getattr(block.mlp, name).bias.copy_(getattr(hf.mlp, name).bias)
         return model
+
+
+def _load_gpt2(name_or_path):
+    """``GPT2LMHeadModel.from_pretrained(name_or_path)``, with an error that says how to get it."""
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError as error:
+        raise ImportError("loading GPT-2 weights needs `transformers` (pip install transformers)"
+                          ) from error
+    try:
+        return GPT2LMHeadModel.from_pretrained(name_or_path)
+    except OSError as error:  # offline and not cached, no such name, or no such directory
+        name = str(name_or_path)
+        raise OSError(
+            f"cannot load GPT-2 weights {name!r}: {error}\n"
+            "To get them, either (1) run once with internet access, e.g. "
+            f"`GPT.from_huggingface({name!r})`: the weights stay in the Hugging Face cache "
+            "(~/.cache/huggingface, or $HF_HOME) and later runs, offline ones included "
+            "(HF_HUB_OFFLINE=1), read them from there; or (2) on a machine with internet access "
+            f"run `hf download {name} --local-dir DIR` (or `save_pretrained(DIR)` on a loaded "
+            "model), copy DIR here and pass its path: `GPT.from_huggingface(\"DIR\")`."
+        ) from error

@@ -265,3 +265,86 @@ def test_generate_samples_in_eval_mode_and_restores_the_mode():
     assert torch.equal(sampled, model.eval().generate(idx, 6, top_k=1))
     with pytest.raises(ValueError, match="top_k must be None or a positive integer, got 0"):
         model.generate(idx, 1, top_k=0)
+
+
+def test_paper_prelu_init_draws_one_slope_per_unit():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(50, 16, 2, 2, 64, activation="prelu", prelu_init="paper"))
+    slopes = torch.cat([b.mlp.act.weight.detach() for b in model.blocks])  # 2 x 256 units
+    assert abs(slopes.mean().item() - 0.2) < 0.15 and abs(slopes.std().item() - 1.0) < 0.1
+    with pytest.raises(ValueError, match="prelu_init"):
+        GPTConfig(50, 16, 2, 2, 64, activation="prelu", prelu_init="zero")
+
+
+def test_explicit_bias_draws_are_the_layers_own_draws():
+    """draw_biases(generator) + forward(bias_draws=...) computes what the layers' own draws from
+    the same random state compute; symmetric models refuse draws."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(50, 16, 3, 2, 16, symmetry_breaking="bqv", mu_v=0.5)).double()
+    idx = tokens(0)[:, :16] % 50
+    torch.manual_seed(7)
+    own = model(idx)[0]
+    draws = model.draw_biases(torch.Generator().manual_seed(7))
+    assert draws[0].shape == (3, 8) and draws[1].shape == (3, 8)
+    assert torch.equal(model(idx, bias_draws=draws)[0], own)
+    symmetric = GPT(GPTConfig(50, 16, 1, 2, 16))
+    assert symmetric.draw_biases() is None
+    with pytest.raises(ValueError, match="symmetric model"):
+        symmetric(idx, bias_draws=draws)
+
+
+def test_per_tensor_ecd_over_gpt2_tensors_follows_a_fused_c_attn_model():
+    """Our per-head GPT under ECD's per-tensor projection over :meth:`GPT.gpt2_tensors` follows,
+    to 1e-10 in float64 over 50 steps, a GPT-2 written with fused ``c_attn`` layers (Hugging
+    Face's) under a plain per-tensor ECD written out here, one dot product per HF tensor."""
+    from gaugebook.optim import ECD
+
+    hf = hf_gpt2().double().train()
+    model = GPT.from_huggingface(hf).double().train()
+    idx = tokens(1)
+    lr, eta, F0 = 0.1, 10.0, -2.0
+    params = [p for p in hf.parameters()]
+    d = sum(p.numel() for p in params)
+    dt, kappa = lr / math.sqrt(eta), eta / 2 * d / (d - 1)
+
+    def loss_of(logits):
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+
+    names = dict(model.named_parameters())
+    blocks = [[names[n] for n in group] for group in model.gpt2_tensors()]
+    assert len(blocks) == len(params)  # one block per GPT-2 tensor
+    opt = ECD(model.parameters(), lr=lr, eta=eta, F0=F0, projection="per_tensor", blocks=blocks)
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model(idx)[0])
+        loss.backward()
+        return loss
+    v = None
+    for step in range(50):
+        loss = loss_of(hf(idx).logits)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            if v is None:
+                norm = torch.sqrt(sum((g * g).sum() for g in grads))
+                v = [-g / norm for g in grads]
+            c = kappa * dt / (loss.item() - F0)
+            v = [vi - c * (gi - vi * (vi * gi).sum()) for vi, gi in zip(v, grads)]
+            for p, vi in zip(params, v):
+                p.add_(dt * vi)
+            speed = torch.sqrt(sum((vi * vi).sum() for vi in v))
+            v = [vi / speed for vi in v]
+        opt.step(closure)
+    expected = GPT.from_huggingface(hf).double()
+    for (name, ours), theirs in zip(model.named_parameters(), expected.parameters()):
+        assert (ours - theirs).abs().max() < 1e-10, name
+    assert opt.steps == 50
+    # the partition matters: the global projection, or one block per per-head tensor, goes elsewhere
+    for kw in (dict(projection="global"), dict(projection="per_tensor")):
+        other = GPT.from_huggingface(hf_gpt2()).double().train()
+        opt = ECD(other.parameters(), lr=lr, eta=eta, F0=F0, **kw)
+        for _ in range(50):
+            opt.step(lambda: (opt.zero_grad(), (loss := loss_of(other(idx)[0])).backward(), loss)[2])
+        gap = max((a - b).abs().max().item() for a, b in zip(other.parameters(),
+                                                            expected.parameters()))
+        assert gap > 1e-6, kw
