@@ -40,7 +40,8 @@ from gaugebook.linalg import DTYPE, check_invertible, check_permutation, random_
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
-           "rope_commutant_element", "attention_modules", "qk_algebra"]
+           "rope_commutant_element", "attention_modules", "qk_algebra", "grouped_weights",
+           "ATTENTION_ALGEBRA"]
 
 
 def _check_shift(t, name: str) -> torch.Tensor:
@@ -267,6 +268,23 @@ class ValueBiasShift(ContinuousFactor):
     @classmethod
     def exp(cls, X, *, target=""):
         return cls.unchecked(X, target=target)
+
+
+def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
+    """The layer's weights as one factor pair per key/value group, float64: ``Q [n_kv, G (D + b),
+    d_head]`` (the group's query heads stacked, learned ``b_Q`` as an extra input row),
+    ``K [n_kv, D + b, d_head]``, ``V [n_kv, D + b, d_value]`` (biases as a last row) and
+    ``O [n_kv, d_value, G D]`` (the group's output matrices side by side). The QK and VO
+    transforms act on them as ``(Q, K) -> (Q M, K M^{-T})`` and ``(V, O^T) -> (V N, O^T N^{-T})``."""
+    def augmented(s):
+        W = getattr(m, f"W_{s}").detach().to(DTYPE)
+        return torch.cat([W, getattr(m, f"b_{s}").detach().to(DTYPE)[:, None]], 1) \
+            if m.has_bias else W
+
+    n, G, dv, D = m.n_kv_heads, m.group_size, m.d_value, m.d_model
+    W_O = m.W_O.detach().to(DTYPE)
+    return dict(Q=augmented("Q").reshape(n, -1, m.d_head), K=augmented("K"), V=augmented("V"),
+                O=W_O.reshape(n, G, dv, D).transpose(1, 2).reshape(n, dv, G * D))
 
 
 ATTENTION_ALGEBRA = (QKTransform, VOTransform, KeyBiasShift, ValueBiasShift)

@@ -27,7 +27,9 @@ Conventions: learned biases that transform with the weights enter in augmented f
 ``W~_Q = [W_Q; b_Q]`` (``[D + 1, d_k]``), likewise ``b_K`` and ``b_V``. Under GQA the query heads
 of a key/value group share one group element, so their terms add up into one charge per group.
 With RoPE only the commutant of the rotations survives (per plane ``a I + b J``); the model-level
-functions then return the orthogonal projection onto that subalgebra. Unlearned symmetry-breaking
+functions then return the orthogonal projection onto that subalgebra. The model-level functions
+derive both from the gauge action itself (:func:`gaugebook.lie.momentum_map`: the momentum
+dotted with every generator); the closed forms below are for factor matrices on their own. Unlearned symmetry-breaking
 biases are not part of the state: with a fixed query bias ``b`` only ``P J P`` with
 ``P = I - b^T b / |b|^2`` is conserved (the stabiliser of ``b``).
 A learned ``b_Q`` next to a fixed shift ``s`` absorbs it: the symmetry survives with the row
@@ -48,8 +50,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gaugebook.gauge import attention_modules
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import (QKTransform, VOTransform, attention_modules, grouped_weights,
+                             qk_algebra)
+from gaugebook.lie import float64_parameters, momentum_map, project
 from gaugebook.linalg import DTYPE
 
 __all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
@@ -106,46 +110,6 @@ class Sectors:
         return torch.linalg.matrix_norm(self.vo)
 
 
-def _group_weights(m: MultiHeadAttention, get) -> dict[str, torch.Tensor]:
-    """The weights of each key/value group as single matrices, ``get(name)`` supplying the tensor
-    for parameter ``name`` of ``m``.
-
-    Learned biases become an extra input row (``W~_Q = [W_Q; b_Q]``). The ``G`` query heads of a
-    group share its group element, so they act like one tall ``W_Q`` (rows stacked,
-    ``[n_kv, G (D + 1), dk]``) and one wide ``W_O`` (columns side by side, ``[n_kv, dv, G D]``):
-    then ``sum_h W_Q[h]^T P_Q[h]`` is a single product.
-    """
-    aug = {}
-    for s in "QKV":
-        W = get(f"W_{s}")
-        aug[s] = torch.cat([W, get(f"b_{s}")[:, None, :]], dim=1) if m.has_bias else W
-    n, G, dv, D = m.n_kv_heads, m.group_size, m.d_value, m.d_model
-    return dict(Q=aug["Q"].reshape(n, -1, m.d_head),  # (Hkv, G (D + b), dk)
-                K=aug["K"], V=aug["V"],
-                O=get("W_O").reshape(n, G, dv, D).transpose(1, 2).reshape(n, dv, G * D))
-
-
-def _rope_projection(X: torch.Tensor, m: MultiHeadAttention) -> torch.Tensor:
-    """Orthogonal projection of ``X [..., dk, dk]`` onto the matrices commuting with every RoPE
-    rotation: ``a I + b J`` on each plane ``(i, i + r/2)`` (``b = 0`` with gated RoPE), any block
-    on the unrotated coordinates (diagonal with gated RoPE)."""
-    if not m.rope:
-        return X
-    r, half = m.rotary_dim, m.rotary_dim // 2
-    i = torch.arange(half, device=X.device)
-    out = torch.zeros_like(X)
-    a = (X[..., i, i] + X[..., i + half, i + half]) / 2
-    out[..., i, i], out[..., i + half, i + half] = a, a
-    rest = X[..., r:, r:]
-    if m.rope == "gated":
-        out[..., r:, r:] = torch.diag_embed(torch.diagonal(rest, dim1=-2, dim2=-1))
-    else:
-        b = (X[..., i, i + half] - X[..., i + half, i]) / 2
-        out[..., i, i + half], out[..., i + half, i] = b, -b
-        out[..., r:, r:] = rest
-    return out
-
-
 def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
     """``tensors`` (a mapping keyed by parameter name, or a sequence aligned with
     ``model.parameters()``) as a dict keyed by parameter name, shapes checked."""
@@ -166,10 +130,12 @@ def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
     return out
 
 
-def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
-    """The layer's weights per key/value group in float64, with learned biases as an extra input
-    row (the augmented form on which the charges and orbit tangents are computed)."""
-    return _group_weights(m, lambda n: getattr(m, n).detach().to(DTYPE))
+def _sector(model: nn.Module, path: str, m: MultiHeadAttention, momenta: dict) -> Sectors:
+    """Both momentum maps of layer ``path`` (``momenta`` keyed relative to it), the QK one as
+    the dual of the layer's QK algebra (the projection onto the RoPE commutant)."""
+    qk = momentum_map(model, QKTransform, momenta, path, (m.n_kv_heads, m.d_head, m.d_head))
+    vo = momentum_map(model, VOTransform, momenta, path, (m.n_kv_heads, m.d_value, m.d_value))
+    return Sectors(project(qk, qk_algebra(m)) if m.rope else qk, vo)
 
 
 def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
@@ -178,7 +144,12 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
     ``momenta``: tensors shaped like the parameters (momenta, or an optimizer's velocities),
     as a mapping keyed by ``model.named_parameters()`` names or a sequence aligned with
     ``model.parameters()``. Returns ``{layer path: Sectors}`` (path ``""`` for a bare
-    :class:`~gaugebook.attention.MultiHeadAttention`).
+    :class:`MultiHeadAttention`).
+
+    Computed as the momentum dotted with every generator (:func:`gaugebook.lie.momentum_map`
+    of :class:`~gaugebook.gauge.QKTransform` and :class:`~gaugebook.gauge.VOTransform`), of
+    which the charge of the orthogonal subgroup is the antisymmetric part: ``J = mu - mu^T``,
+    the closed forms :func:`qk_charge` and :func:`vo_charge` on the augmented weights.
     """
     p = _as_named(model, momenta)
     result = {}
@@ -188,20 +159,15 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
         absent = [prefix + n for n in names if prefix + n not in p]
         if absent:
             raise ValueError(f"no momentum given for {absent}")
-        W = grouped_weights(m)
-        P = _group_weights(m, lambda n: p[prefix + n].detach().to(DTYPE))
-        result[path] = Sectors(_rope_projection(qk_charge(W["Q"], W["K"], P["Q"], P["K"]), m),
-                               vo_charge(W["V"], W["O"], P["V"], P["O"]))
+        local = {n: p[prefix + n].detach().to(DTYPE) for n in names}
+        mu = _sector(model, path, m, local)
+        result[path] = Sectors(antisym(mu.qk), antisym(mu.vo))
     return result
 
 
 def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
     """Gradient-flow invariants ``C_QK = sum_h W~_Q[h]^T W~_Q[h] - W~_K^T W~_K`` and
     ``C_VO = W~_V^T W~_V - sum_h W_O[h] W_O[h]^T`` per key/value group of every attention layer
-    (sums over the query heads of the group)."""
-    result = {}
-    for path, m in attention_modules(model):
-        W = grouped_weights(m)
-        result[path] = Sectors(_rope_projection(qk_flow_invariant(W["Q"], W["K"]), m),
-                               vo_flow_invariant(W["V"], W["O"]))
-    return result
+    (sums over the query heads of the group): the momentum maps at ``p = theta``."""
+    return {path: _sector(model, path, m, float64_parameters(m))
+            for path, m in attention_modules(model)}

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.gauge import ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform, qk_algebra
+from gaugebook.gauge import (ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform,
+                             grouped_weights, qk_algebra)
 from gaugebook.lie import tangent_map
 from gaugebook.linalg import numerical_rank
-from gaugebook.mechanics import grouped_weights
 
 __all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
            "balancing_element"]
