@@ -39,8 +39,9 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
-                             ValueBiasShift, VOTransform)
+                             ValueBiasShift, VOTransform, grouped_weights)
 from gaugebook.gpt import GPT
+from gaugebook.lie import float64_parameters
 from gaugebook.linalg import DTYPE, check_permutation, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
@@ -184,30 +185,23 @@ def align_qk_vo(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention, *,
     ``target`` is the submodule path the factors act on.
     """
     _check_pair(attn_a, attn_b)
-    G, D = attn_a.group_size, attn_a.d_model
+    D = attn_a.d_model
 
-    def query_side(m):  # (Hkv, G (D + b), dk)
-        X = _w(m.W_Q)
-        if m.has_bias:
-            X = torch.cat([X, _w(m.b_Q)[:, None]], dim=1)
-        return X.reshape(m.n_kv_heads, -1, m.d_head)
+    def sides(m):  # X = [W_Q; b_Q] and W_K; W_V and W_O^T, per key/value group (no b_K, b_V)
+        W = grouped_weights(m)
+        return W["Q"], W["K"][:, :D], W["V"][:, :D], W["O"].mT
 
-    def value_side(m):  # (Hkv, D, dv) and (Hkv, G D, dv)
-        Y = _w(m.W_O).transpose(-1, -2).reshape(m.n_kv_heads, G * D, m.d_value)
-        return _w(m.W_V), Y
-
-    Xq_a, Xq_b = query_side(attn_a), query_side(attn_b)
-    (Xv_a, Yv_a), (Xv_b, Yv_b) = value_side(attn_a), value_side(attn_b)
-    M = torch.stack([align_factors(Xq_a[g], _w(attn_a.W_K[g]), Xq_b[g], _w(attn_b.W_K[g]),
-                                   method=method) for g in range(attn_a.n_kv_heads)])
+    (Xq_a, K_a, Xv_a, Yv_a), (Xq_b, K_b, Xv_b, Yv_b) = sides(attn_a), sides(attn_b)
+    M = torch.stack([align_factors(Xq_a[g], K_a[g], Xq_b[g], K_b[g], method=method)
+                     for g in range(attn_a.n_kv_heads)])
     N = torch.stack([align_factors(Xv_a[g], Yv_a[g], Xv_b[g], Yv_b[g], method=method)
                      for g in range(attn_a.n_kv_heads)])
     factors = [QKTransform(M, target=target), VOTransform(N, target=target)]
-    if attn_a.has_bias:
-        b_K = (_w(attn_b.b_K)[:, None] @ torch.linalg.inv(M).transpose(-1, -2))[:, 0]
-        b_V = (_w(attn_b.b_V)[:, None] @ N)[:, 0]
-        factors += [KeyBiasShift(_w(attn_a.b_K) - b_K, target=target),
-                    ValueBiasShift(_w(attn_a.b_V) - b_V, target=target)]
+    if attn_a.has_bias:  # b_K, b_V of attn_b after M and N, then translated onto attn_a's
+        moved = GaugeElement([QKTransform(M), VOTransform(N)]).transform(
+            float64_parameters(attn_b), attn_b)
+        factors += [KeyBiasShift(_w(attn_a.b_K) - moved["b_K"], target=target),
+                    ValueBiasShift(_w(attn_a.b_V) - moved["b_V"], target=target)]
     return GaugeElement(factors)
 
 
@@ -420,13 +414,9 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     rest_sq = initial ** 2 - sum(((sources[i][k] - t[k]) ** 2).sum().item()
                                  for i, t in enumerate(targets) for k in t)
 
-    def act(w, M, N, perm):  # (M, N, perm) . (per-head tensors), as the gauge module does it
-        M_invT, N_inv = torch.linalg.inv(M).transpose(-1, -2), torch.linalg.inv(N)
-        rules = {"W_Q": lambda x: x @ M, "W_K": lambda x: x @ M_invT, "W_V": lambda x: x @ N,
-                 "W_O": lambda x: N_inv @ x, "b_Q": lambda x: (x[:, None] @ M)[:, 0],
-                 "b_K": lambda x: (x[:, None] @ M_invT)[:, 0],
-                 "b_V": lambda x: (x[:, None] @ N)[:, 0]}
-        return {k: rules[k](x)[perm] for k, x in w.items()}
+    def factors(M, N, perm, target=""):  # one layer's element: QK, VO, then the heads
+        return (QKTransform(M, target=target), VOTransform(N, target=target),
+                HeadPermutation(perm, target=target))
 
     device = next(model_b.parameters()).device
 
@@ -440,14 +430,14 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     for _ in range(n_samples):
         draws = [draw(m) for _, m in layers]
         d_sq = rest_sq + sum(((x - t[k]) ** 2).sum().item()
-                             for t, w, draw in zip(targets, sources, draws)
-                             for k, x in act(w, *draw).items())
+                             for t, w, (_, m), draw in zip(targets, sources, layers, draws)
+                             for k, x in GaugeElement(factors(*draw)).transform(w, m).items()
+                             if k in t)
         distances.append(max(d_sq, 0.0) ** 0.5)
         if best is None or d_sq < best:
             best, best_draws = d_sq, draws
-    element = GaugeElement(f for (n, _), (M, N, perm) in zip(layers, best_draws)
-                           for f in (QKTransform(M, target=n), VOTransform(N, target=n),
-                                     HeadPermutation(perm, target=n)))
+    element = GaugeElement(f for (n, _), draw in zip(layers, best_draws)
+                           for f in factors(*draw, target=n))
     aligned = element.act(model_b)
     return SampledAlignment(aligned, parameter_distance(model_a, aligned), initial, n_samples,
                             time.perf_counter() - start, distances)

@@ -225,27 +225,14 @@ def _layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     return layers
 
 
-def _spd_action(params: dict, layers, P_qk: dict, P_vo: dict) -> dict:
+def _spd_action(params: dict, model: nn.Module, layers, P_qk: dict, P_vo: dict) -> dict:
     """``(P, N) . params`` for symmetric positive definite ``P [n_kv, dk, dk]``,
-    ``N [n_kv, dv, dv]`` per layer (``P^{-T} = P^{-1}``); differentiable, and tensors may carry
-    leading batch dimensions."""
-    def right(P):  # x [..., H, n, d] @ P [H, d, d]; a bias x [..., H, d] as a row vector
-        return lambda x, bias=False: (x[..., None, :] @ P)[..., 0, :] if bias else x @ P
-
-    out = dict(params)
-    for path, m in layers:
-        pre = f"{path}." if path else ""
-        P, N, G = P_qk[path], P_vo[path], m.group_size
-        P_q, N_inv_h = P.repeat_interleave(G, 0), torch.linalg.inv(N).repeat_interleave(G, 0)
-        rules = {"W_Q": (right(P_q), False), "b_Q": (right(P_q), True),
-                 "W_K": (right(torch.linalg.inv(P)), False),
-                 "b_K": (right(torch.linalg.inv(P)), True),
-                 "W_V": (right(N), False), "b_V": (right(N), True),
-                 "W_O": (lambda x, bias: N_inv_h @ x, False)}  # (H, dv, dv) @ (..., H, dv, D)
-        for name, (rule, bias) in rules.items():
-            if pre + name in out:
-                out[pre + name] = rule(out[pre + name], bias)
-    return out
+    ``N [n_kv, dv, dv]`` per layer: the QK and VO actions of :mod:`gaugebook.gauge` (where
+    ``P^{-T} = P^{-1}``), differentiable, on tensors that may carry leading batch dimensions."""
+    element = GaugeElement(f for path, _ in layers
+                           for f in (QKTransform.unchecked(P_qk[path], target=path),
+                                     VOTransform.unchecked(P_vo[path], target=path)))
+    return element.transform(params, model)
 
 
 def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 200,
@@ -314,7 +301,7 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, 
 
     def inverse_action(u: torch.Tensor, matrices) -> torch.Tensor:
         # A^{-1} u for u [..., n] (the action is linear in the parameters)
-        return L.flatten(_spd_action(L.unflatten(u), layers, *matrices))
+        return L.flatten(_spd_action(L.unflatten(u), L.model, layers, *matrices))
 
     if method == "dense":
         H0 = hessian(L, theta0)
