@@ -1,30 +1,37 @@
 """gaugebook: gauge symmetries of Transformers, and breaking them to train better.
 
-Attention and its symmetries
-    :mod:`~gaugebook.attention`   per-head attention: MHA, GQA, MQA, RoPE, gated RoPE
-    :mod:`~gaugebook.rope`        rotary position embedding
-    :mod:`~gaugebook.gauge`       the gauge group as objects acting on modules
-    :mod:`~gaugebook.redundancy`  Jacobian-rank redundancy and the theory's prediction
-    :mod:`~gaugebook.gpt_redundancy`  the prediction for a whole GPT, term by term
-    :mod:`~gaugebook.projection`  the source's random-projection estimate and a sketched rank
-    :mod:`~gaugebook.commutant`   commutants of matrix sets (the gauge that survives RoPE)
-    :mod:`~gaugebook.linalg`      random group elements of a chosen condition number
-Training and breaking
-    :mod:`~gaugebook.gpt`         a reduced GPT-2 whose attention keeps per-head weights
-    :mod:`~gaugebook.breaking`    the unlearned, batch-resampled query/value biases
-    :mod:`~gaugebook.mechanics`   Noether charges and gradient-flow invariants
-    :mod:`~gaugebook.optim`       Energy Conserving Descent and the baseline optimizers
-    :mod:`~gaugebook.data`        the default corpus, logic-puzzle probes, tiny Shakespeare
-    :mod:`~gaugebook.experiment`  presets, the trainer and the command-line runner
-    :mod:`~gaugebook.results`     loading and comparing result files at equal steps
-    :mod:`~gaugebook.interpret`   the query-offset factor and key alignment by token category
-    :mod:`~gaugebook.moe`         a top-k mixture-of-experts layer and its symmetries
-    :mod:`~gaugebook.sharpness`   Hessian sharpness and its minimum over the gauge orbit
-    :mod:`~gaugebook.alignment`   aligning and merging two GPTs (heads, frames, residual, MLP)
-    :mod:`~gaugebook.orbit`       tangent vectors of gauge orbits, balancing
-    :mod:`~gaugebook.landscapes`  toy loss landscapes, integrators and the reference ECD map
-    :mod:`~gaugebook.noether_widgets`  Noether charges of one head under shifted landscapes
-Book helpers
-    :mod:`~gaugebook.plots`, :mod:`~gaugebook.widgets`, :mod:`~gaugebook.notebook`
+Attention and its symmetries:
+
+* :mod:`~gaugebook.attention`: per-head attention: MHA, GQA, MQA, RoPE, gated RoPE
+* :mod:`~gaugebook.rope`: rotary position embedding
+* :mod:`~gaugebook.gauge`: the gauge group as objects acting on modules
+* :mod:`~gaugebook.redundancy`: Jacobian-rank redundancy and the theory's prediction
+* :mod:`~gaugebook.gpt_redundancy`: the prediction for a whole GPT, term by term
+* :mod:`~gaugebook.projection`: the source's random-projection estimate and a sketched rank
+* :mod:`~gaugebook.commutant`: commutants of matrix sets (the gauge that survives RoPE)
+* :mod:`~gaugebook.linalg`: random group elements of a chosen condition number
+
+Training and breaking:
+
+* :mod:`~gaugebook.gpt`: a reduced GPT-2 whose attention keeps per-head weights
+* :mod:`~gaugebook.breaking`: the unlearned, batch-resampled query/value biases
+* :mod:`~gaugebook.mechanics`: Noether charges and gradient-flow invariants
+* :mod:`~gaugebook.optim`: Energy Conserving Descent and the baseline optimizers
+* :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
+* :mod:`~gaugebook.experiment`: presets, the trainer and the command-line runner
+* :mod:`~gaugebook.results`: loading and comparing result files at equal steps
+* :mod:`~gaugebook.interpret`: the query-offset factor and key alignment by token category
+* :mod:`~gaugebook.moe`: a top-k mixture-of-experts layer and its symmetries
+* :mod:`~gaugebook.sharpness`: Hessian sharpness and its minimum over the gauge orbit
+* :mod:`~gaugebook.alignment`: aligning and merging two GPTs (heads, frames, residual, MLP)
+* :mod:`~gaugebook.orbit`: tangent vectors of gauge orbits, balancing
+* :mod:`~gaugebook.landscapes`: toy loss landscapes, integrators and the reference ECD map
+* :mod:`~gaugebook.noether_widgets`: Noether charges of one head under shifted landscapes
+
+Book helpers:
+
+* :mod:`~gaugebook.plots`: the shared figure style (readable in print, colour-blind safe)
+* :mod:`~gaugebook.widgets`: interactive explorers, each with a static fallback
+* :mod:`~gaugebook.notebook`: helpers for the notebooks (Colab and plain Jupyter too)
 """
 __version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""The API appendix (``book/api/``) documents every public module, class and function, and no
+private helper.
+
+One page per public module of ``gaugebook`` (a module whose name has no leading underscore), and
+the table of contents takes them all (a glob). The pages are built here with the book's own
+``_config.yml``, strictly (``-W -n``: every cross-reference resolves), and the HTML must hold an
+entry for every public class and function (a module's ``__all__``, or else the names without a
+leading underscore that the module defines) and none whose name starts with an underscore.
+"""
+import importlib
+import inspect
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import gaugebook
+
+ROOT = Path(__file__).resolve().parents[1]
+API = ROOT / "book" / "api"
+MODULES = sorted(m.name for m in pkgutil.iter_modules(gaugebook.__path__)
+                 if not m.name.startswith("_"))
+
+
+def public_callables(module) -> set[str]:
+    """The classes and functions of ``module`` that its reference must show."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(module).items() if not n.startswith("_")
+                 and getattr(v, "__module__", None) == module.__name__]
+    return {n for n in names if inspect.isclass(getattr(module, n))
+            or inspect.isfunction(getattr(module, n))}
+
+
+def test_one_page_per_public_module():
+    pages = sorted(p.stem for p in API.glob("*.md") if p.stem != "index")
+    assert pages == MODULES, "book/api/ needs exactly one <module>.md per public module"
+    for name in MODULES:
+        assert f".. automodule:: gaugebook.{name}\n" in (API / f"{name}.md").read_text()
+
+
+def test_the_table_of_contents_lists_the_appendix():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    appendices = next(p for p in toc["parts"] if p["caption"] == "Appendices")["chapters"]
+    entry = next(c for c in appendices if c.get("file") == "book/api/index")
+    assert entry["sections"] == [{"glob": "book/api/*"}]
+
+
+@pytest.fixture(scope="module")
+def built_api(tmp_path_factory):
+    """``book/api`` built alone with the book's configuration, as the strict build does."""
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    if not jupyter_book.exists():
+        pytest.skip("jupyter-book is not installed (the [book] extra)")
+    site = tmp_path_factory.mktemp("api-book")
+    shutil.copytree(API, site / "book" / "api")
+    shutil.copy(ROOT / "book" / "references.bib", site / "book")
+    shutil.copy(ROOT / "_config.yml", site)
+    (site / "_vendor").mkdir()  # the served JavaScript is not needed to check the text
+    (site / "_toc.yml").write_text("format: jb-book\nroot: book/api/index\nchapters:\n"
+                                   + "".join(f"  - file: book/api/{m}\n" for m in MODULES))
+    proc = subprocess.run([str(jupyter_book), "build", ".", "-W", "-n", "--keep-going"],
+                          cwd=site, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return site / "_build" / "html" / "book" / "api"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_public_name_is_documented_and_no_private_one(built_api, name):
+    html = (built_api / f"{name}.html").read_text(encoding="utf-8")
+    entries = set(re.findall(r'<dt class="sig sig-object py" id="([^"]+)"', html))
+    module = importlib.import_module(f"gaugebook.{name}")
+    missing = {n for n in public_callables(module) if f"gaugebook.{name}.{n}" not in entries}
+    assert not missing, f"gaugebook.{name}: no entry for {sorted(missing)}"
+    private = sorted(e for e in entries if any(part.startswith("_") for part in e.split(".")))
+    assert not private, f"private names in the reference: {private}"
