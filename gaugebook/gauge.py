@@ -230,10 +230,6 @@ class KeyBiasShift(ContinuousFactor):
         units = unit_basis((m.d_head,))[m.d_head - _key_coordinates(m):]
         return _grouped_basis(units, m.n_kv_heads)
 
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(X, target=target)
-
 
 @dataclass(frozen=True, eq=False)
 class ValueBiasShift(ContinuousFactor):
@@ -264,10 +260,6 @@ class ValueBiasShift(ContinuousFactor):
         """Per key/value group the unit shifts of ``b_V`` (none without biases), group-major."""
         units = unit_basis((m.d_value,))[:m.d_value if m.has_bias else 0]
         return _grouped_basis(units, m.n_kv_heads)
-
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(X, target=target)
 
 
 def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:

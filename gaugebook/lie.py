@@ -111,14 +111,16 @@ class ContinuousFactor(Factor):
     """A factor of a Lie group: also :meth:`lie_basis` and :meth:`exp`."""
 
     @classmethod
-    def lie_basis(cls, module: nn.Module) -> torch.Tensor:  # pragma: no cover - abstract
-        """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64)."""
+    def lie_basis(cls, module: nn.Module, **options) -> torch.Tensor:  # pragma: no cover
+        """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64).
+        ``options`` are the factor's other fields (e.g. which LayerNorm)."""
         raise NotImplementedError
 
     @classmethod
-    def exp(cls, X: torch.Tensor, *, target: str = "") -> "ContinuousFactor":  # pragma: no cover
-        """The group element ``exp(X)`` for an algebra element ``X`` (unchecked, differentiable)."""
-        raise NotImplementedError
+    def exp(cls, X: torch.Tensor, *, target: str = "", **options) -> "ContinuousFactor":
+        """The group element ``exp(X)`` for an algebra element ``X`` (unchecked, differentiable;
+        ``options`` as in :meth:`lie_basis`)."""
+        return cls.unchecked(X, target=target, **options)
 
 
 class GaugeElement:
@@ -173,14 +175,15 @@ def _flat(params: dict, names) -> torch.Tensor:
 
 
 def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = "",
-                basis: torch.Tensor | None = None, *, trainable_only: bool = True) -> torch.Tensor:
+                basis: torch.Tensor | None = None, *, trainable_only: bool = True,
+                **options) -> torch.Tensor:
     """``T [n_params, k]``: column ``i`` is ``d/dt exp(t B_i) . theta`` at ``t = 0`` for the
     basis ``B [k, *shape]`` (default: ``family.lie_basis`` of the target), as a vector over the
     trainable parameters of ``model`` (``named_parameters()`` order, each flattened row-major,
     the order of :func:`gaugebook.redundancy.jacobian`; all parameters with
-    ``trainable_only=False``). Float64."""
+    ``trainable_only=False``). ``options``: the factor's other fields. Float64."""
     module = model.get_submodule(target)
-    basis = family.lie_basis(module) if basis is None else basis
+    basis = family.lie_basis(module, **options) if basis is None else basis
     params = float64_parameters(model, trainable_only=trainable_only)
     names = list(params)
     n_params = sum(params[n].numel() for n in names)
@@ -189,7 +192,7 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
     basis = basis.to(DTYPE)
 
     def orbit(X):  # X [*shape] -> exp(X) . theta [n_params]
-        moved = GaugeElement([family.exp(X, target=target)]).transform(params, model)
+        moved = GaugeElement([family.exp(X, target=target, **options)]).transform(params, model)
         return _flat(moved, names)
 
     zero = torch.zeros_like(basis[0])

@@ -19,7 +19,9 @@ The load-balancing loss of Fedus et al. (2022), for ``N`` tokens, extended to ``
     P_e = (1/N) sum_x p_e(x)                                         # mean router probability
     L_aux = E sum_e f_e P_e                                          # 1 when perfectly balanced
 
-Symmetries (each returns a transformed copy and leaves its input alone):
+Symmetries (factors of :mod:`gaugebook.lie`: :class:`ExpertPermutation`, :class:`RouterShift`,
+:class:`ExpertRescaling`, :class:`ExpertHiddenPermutation`; each function below returns a
+transformed copy and leaves its input alone):
 
 * :func:`permute_experts`: relabel experts, moving the router's columns with them (``E!``).
 * :func:`shift_router`: ``W_r -> W_r + c 1^T``, ``b_r -> b_r + s 1``; every logit of a token moves
@@ -36,18 +38,20 @@ probability zero for generic inputs, are broken by ``torch.topk``.
 """
 from __future__ import annotations
 
-import copy
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gaugebook.lie import ContinuousFactor, Factor, GaugeElement, unit_basis
 from gaugebook.linalg import check_permutation
 
 __all__ = ["MoE", "MoEOutput", "ACTIVATIONS", "load_balancing_loss", "permute_experts",
-           "shift_router", "rescale_hidden", "permute_hidden", "redundancy_count"]
+           "shift_router", "rescale_hidden", "permute_hidden", "redundancy_count",
+           "ExpertPermutation", "RouterShift", "ExpertRescaling", "ExpertHiddenPermutation"]
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
@@ -210,79 +214,181 @@ def _check_moe(moe) -> None:
         raise TypeError(f"expected a MoE, got {type(moe).__name__}")
 
 
-def _permutation(perm, n: int, what: str, device: torch.device) -> torch.Tensor:
-    """``perm`` checked on the CPU, returned on ``device`` (the parameters' device)."""
-    return check_permutation(perm, n, what).to(device)
+def _permutation(perm, n: int, what: str) -> torch.Tensor:
+    """``perm`` checked on the CPU (the factor moves it to the parameters' device)."""
+    return check_permutation(perm, n, what)
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertPermutation(Factor):
+    """Expert ``i`` of the result is expert ``perm[i]``; the router's columns (and bias
+    entries) move with their experts."""
+
+    perm: torch.Tensor  # [E]
+    acts_on: ClassVar = MoE
+
+    def __post_init__(self):
+        object.__setattr__(self, "perm", check_permutation(self.perm))
+
+    def check(self, moe):
+        _permutation(self.perm, moe.n_experts, "perm")
+
+    def transform(self, params, moe):
+        perm = self.perm.to(params["W_r"].device)
+        out = {"W_r": params["W_r"].index_select(-1, perm)}
+        for name in ("b_r", "W_in", "b_in", "W_out", "b_out"):
+            if name in params:
+                x = params[name]
+                out[name] = x.index_select(x.ndim - getattr(moe, name).ndim, perm)
+        return out
+
+    def inverse(self):
+        return ExpertPermutation(torch.argsort(self.perm), target=self.target)
+
+
+@dataclass(frozen=True, eq=False)
+class RouterShift(ContinuousFactor):
+    """``W_r -> W_r + c 1^T`` and, with a router bias, ``b_r -> b_r + s``: every logit of a
+    token moves by ``x . c + s``, which the softmax, the top-k choice and the gates ignore.
+    ``shift = [c, s]`` (``[D + 1]``; ``[D]`` without a router bias)."""
+
+    shift: torch.Tensor  # [D + b]
+    acts_on: ClassVar = MoE
+
+    def __post_init__(self):
+        object.__setattr__(self, "shift", torch.as_tensor(self.shift).detach().to(torch.float64))
+
+    def check(self, moe):
+        n = moe.d_model + int(moe.has_router_bias)
+        if self.shift.shape != (n,):
+            raise ValueError(f"RouterShift.shift must have shape [{n}], got "
+                             f"{tuple(self.shift.shape)}")
+
+    def transform(self, params, moe):
+        shift = self.shift.to(params["W_r"].device)
+        out = {"W_r": params["W_r"] + shift[:moe.d_model, None]}
+        if moe.has_router_bias:
+            out["b_r"] = params["b_r"] + shift[moe.d_model]
+        return out
+
+    def inverse(self):
+        return RouterShift(-self.shift, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, moe):
+        return unit_basis((moe.d_model + int(moe.has_router_bias),))
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertRescaling(ContinuousFactor):
+    """Hidden unit ``j`` of expert ``e``: in by ``a[e, j] > 0``, out by ``1 / a[e, j]``
+    (``relu(a z) = a relu(z)``): a symmetry of ReLU experts only."""
+
+    a: torch.Tensor  # [E, d_hidden]
+    acts_on: ClassVar = MoE
+
+    def __post_init__(self):
+        a = torch.as_tensor(self.a).detach().to(torch.float64)
+        if not (torch.isfinite(a).all() and (a > 0).all()):
+            raise ValueError("rescaling factors must be positive and finite "
+                             "(relu(a z) = a relu(z) holds only for a > 0)")
+        object.__setattr__(self, "a", a)
+
+    def check(self, moe):
+        if self.a.shape != (moe.n_experts, moe.d_hidden):
+            raise ValueError(f"a must have shape [n_experts, d_hidden] = "
+                             f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(self.a.shape)}")
+        if moe.activation != "relu":
+            raise ValueError(f"rescaling hidden units is a symmetry of ReLU experts only, "
+                             f"this MoE uses {moe.activation!r}")
+
+    def transform(self, params, moe):
+        a = self.a.to(params["W_in"].device)
+        return {"W_in": params["W_in"] * a[:, None, :], "b_in": params["b_in"] * a,
+                "W_out": params["W_out"] / a[:, :, None]}
+
+    def inverse(self):
+        return ExpertRescaling(1 / self.a, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, moe):
+        shape = (moe.n_experts, moe.d_hidden)
+        return unit_basis(shape)[:None if moe.activation == "relu" else 0]
+
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(torch.exp(X), target=target)
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertHiddenPermutation(Factor):
+    """Relabel hidden units inside each expert: unit ``j`` of expert ``e`` in the result is unit
+    ``perm[e, j]``."""
+
+    perm: torch.Tensor  # [E, d_hidden]
+    acts_on: ClassVar = MoE
+
+    def __post_init__(self):
+        perm = torch.as_tensor(self.perm, dtype=torch.long)
+        if perm.ndim != 2:
+            raise ValueError(f"perm must have shape [n_experts, d_hidden], got "
+                             f"{tuple(perm.shape)}")
+        object.__setattr__(self, "perm", torch.stack([
+            _permutation(row, perm.shape[1], f"perm[{e}]") for e, row in enumerate(perm)]))
+
+    def check(self, moe):
+        if self.perm.shape != (moe.n_experts, moe.d_hidden):
+            raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
+                             f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(self.perm.shape)}")
+
+    def transform(self, params, moe):
+        perm = self.perm.to(params["W_in"].device)  # (E, Dh)
+        W_in = params["W_in"]  # (..., E, D, Dh)
+        index = perm[:, None, :].expand(W_in.shape[-3:])
+        return {"W_in": W_in.gather(-1, index.expand(W_in.shape)),
+                "b_in": params["b_in"].gather(-1, perm.expand(params["b_in"].shape)),
+                "W_out": params["W_out"].gather(-2, perm[:, :, None].expand(
+                    params["W_out"].shape))}
+
+    def inverse(self):
+        return ExpertHiddenPermutation(torch.argsort(self.perm, dim=1), target=self.target)
 
 
 def permute_experts(moe: MoE, perm) -> MoE:
-    """Expert ``i`` of the result is expert ``perm[i]`` of ``moe``; the router's columns (and
-    bias entries) move with their experts, so the function is unchanged."""
+    """Expert ``i`` of the result is expert ``perm[i]`` of ``moe``
+    (:class:`ExpertPermutation`); the function is unchanged."""
     _check_moe(moe)
-    perm = _permutation(perm, moe.n_experts, "perm", moe.W_r.device)
-    out = copy.deepcopy(moe)
-    with torch.no_grad():
-        out.W_r.copy_(moe.W_r[:, perm])
-        if moe.has_router_bias:
-            out.b_r.copy_(moe.b_r[perm])
-        for name in ("W_in", "b_in", "W_out", "b_out"):
-            getattr(out, name).copy_(getattr(moe, name)[perm])
-    return out
+    return GaugeElement([ExpertPermutation(_permutation(perm, moe.n_experts, "perm"))]).act(moe)
 
 
 def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
-    """``W_r -> W_r + c 1^T`` (``c [D]``) and, with a router bias, ``b_r -> b_r + s``."""
+    """``W_r -> W_r + c 1^T`` (``c [D]``) and, with a router bias, ``b_r -> b_r + s``
+    (:class:`RouterShift`)."""
     _check_moe(moe)
-    c = torch.as_tensor(c, dtype=moe.W_r.dtype, device=moe.W_r.device)
+    c = torch.as_tensor(c, dtype=torch.float64)
     if c.shape != (moe.d_model,):
         raise ValueError(f"c must have shape [d_model={moe.d_model}], got {tuple(c.shape)}")
     if s != 0.0 and not moe.has_router_bias:
         raise ValueError("a bias shift s needs a MoE with router_bias=True")
-    out = copy.deepcopy(moe)
-    with torch.no_grad():
-        out.W_r.add_(c[:, None])
-        if moe.has_router_bias:
-            out.b_r.add_(s)
-    return out
+    shift = torch.cat([c, torch.tensor([float(s)], dtype=torch.float64)]) \
+        if moe.has_router_bias else c
+    return GaugeElement([RouterShift(shift)]).act(moe)
 
 
 def rescale_hidden(moe: MoE, a) -> MoE:
     """Scale hidden unit ``j`` of expert ``e`` by ``a[e, j] > 0`` on the way in and by
-    ``1 / a[e, j]`` on the way out: a symmetry of ReLU experts only."""
+    ``1 / a[e, j]`` on the way out (:class:`ExpertRescaling`): a symmetry of ReLU experts only."""
     _check_moe(moe)
-    a = torch.as_tensor(a, dtype=torch.float64, device=moe.W_in.device)
-    if a.shape != (moe.n_experts, moe.d_hidden):
-        raise ValueError(f"a must have shape [n_experts, d_hidden] = "
-                         f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(a.shape)}")
-    if not (torch.isfinite(a).all() and (a > 0).all()):
-        raise ValueError("rescaling factors must be positive and finite "
-                         "(relu(a z) = a relu(z) holds only for a > 0)")
-    if moe.activation != "relu":
-        raise ValueError(f"rescaling hidden units is a symmetry of ReLU experts only, "
-                         f"this MoE uses {moe.activation!r}")
-    out = copy.deepcopy(moe)
-    with torch.no_grad():
-        out.W_in.copy_(moe.W_in.double() * a[:, None, :])
-        out.b_in.copy_(moe.b_in.double() * a)
-        out.W_out.copy_(moe.W_out.double() / a[:, :, None])
-    return out
+    return GaugeElement([ExpertRescaling(a)]).act(moe)
 
 
 def permute_hidden(moe: MoE, perm) -> MoE:
     """Relabel hidden units inside each expert: ``perm [E, d_hidden]``, one permutation per
-    expert (unit ``j`` of expert ``e`` in the result is unit ``perm[e, j]`` of ``moe``)."""
+    expert (unit ``j`` of expert ``e`` in the result is unit ``perm[e, j]`` of ``moe``;
+    :class:`ExpertHiddenPermutation`)."""
     _check_moe(moe)
     perm = torch.as_tensor(perm, dtype=torch.long)
     if perm.shape != (moe.n_experts, moe.d_hidden):
         raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
                          f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(perm.shape)}")
-    device = moe.W_in.device
-    perm = torch.stack([_permutation(perm[e], moe.d_hidden, f"perm[{e}]", device)
-                        for e in range(moe.n_experts)])
-    out = copy.deepcopy(moe)
-    rows = torch.arange(moe.n_experts, device=device)[:, None]
-    with torch.no_grad():
-        out.W_in.copy_(moe.W_in[rows, :, perm].transpose(1, 2))  # (E, Dh, D) -> (E, D, Dh)
-        out.b_in.copy_(moe.b_in[rows, perm])
-        out.W_out.copy_(moe.W_out[rows, perm])
-    return out
+    return GaugeElement([ExpertHiddenPermutation(perm)]).act(moe)

@@ -1,0 +1,439 @@
+r"""The symmetries of a GPT beyond its attention layers, as factors of :mod:`gaugebook.lie`.
+
+Every read from the residual stream goes through a LayerNorm ``y = gamma * n + beta`` whose
+normalised ``n`` has mean zero and fixed length; its *readers* are the weights that multiply
+``y``: ``W_Q, W_K, W_V`` (and the gates of gated RoPE) after ``ln_1``, the MLP's input layer
+after ``ln_2``. Per block (target: the :class:`~gaugebook.gpt.Block`):
+
+* :class:`LayerNormScale` ``s [D]``: ``gamma_i, beta_i -> s_i gamma_i, s_i beta_i`` and row
+  ``i`` of every reader over ``s_i``.
+* :class:`LayerNormShift` ``delta [D]``: ``beta -> beta + delta``, every reader's bias
+  ``b -> b - delta W``.
+* :class:`ReaderCentring` ``u``: column ``j`` of every reader plus ``u_j / gamma`` (its bias
+  minus ``(beta . 1/gamma) u_j``): since ``n . 1 = 0``, ``y . (1/gamma) = beta . (1/gamma)`` is a
+  constant.
+* :class:`ResidualCentring` ``c``: what the block writes along ``1`` (rows of ``W_O``, columns
+  of the MLP's output weight, the output biases) is removed by every later LayerNorm, so it is
+  invisible inside a GPT (not for the block on its own).
+
+Per MLP (target: :class:`~gaugebook.gpt.MLP`): :class:`HiddenRescaling` (PReLU is positively
+homogeneous) and :class:`HiddenPermutation`. Per model (target: the :class:`~gaugebook.gpt.GPT`):
+:class:`ResidualPermutation` of the residual features, :class:`PositionCentring`
+``wpe[t] -> wpe[t] + c_t 1`` and :class:`EmbeddingShift` ``wte -> wte + 1 w^T``,
+``wpe -> wpe - 1 w^T`` (the logits all move by ``w . h``, which log-softmax removes).
+:mod:`gaugebook.gpt_redundancy` counts and differentiates them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from gaugebook.gpt import GPT, MLP, Block, PReLU
+from gaugebook.lie import ContinuousFactor, Factor, unit_basis
+from gaugebook.linalg import DTYPE, check_permutation
+
+__all__ = ["LayerNormScale", "LayerNormShift", "ReaderCentring", "ResidualCentring",
+           "HiddenRescaling", "HiddenPermutation", "ResidualPermutation", "PositionCentring",
+           "EmbeddingShift", "LAYERNORMS"]
+
+LAYERNORMS = ("ln_1", "ln_2")
+
+
+def _vector(x, name: str, *, positive: bool = False, nonzero: bool = False) -> torch.Tensor:
+    """Validate a vector of finite numbers (positive, or without zeros, where asked); return it
+    as float64."""
+    x = torch.as_tensor(x).detach().to(DTYPE)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be a vector, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} has non-finite entries")
+    if positive and not (x > 0).all():
+        raise ValueError(f"{name} must be positive")
+    if nonzero and (x == 0).any():
+        raise ValueError(f"{name} must have no zero entry")
+    return x
+
+
+def _readers(block: Block, which: str, *, gates: bool = True) -> list[tuple[str, str, bool]]:
+    """``(weight, bias, per_head)`` of every parameter that multiplies ``which``'s output:
+    per-head weights ``[n, D, c]`` (biases ``[n, c]``) of attention, or the MLP's
+    ``c_fc.weight [4D, D]`` (bias ``[4D]``). Gates of gated RoPE read ``ln_1`` without a bias."""
+    if which not in LAYERNORMS:
+        raise ValueError(f"which must be one of {LAYERNORMS}, got {which!r}")
+    if which == "ln_2":
+        return [("mlp.c_fc.weight", "mlp.c_fc.bias", False)]
+    out = [(f"attn.W_{s}", f"attn.b_{s}", True) for s in "QKV"]
+    if gates and block.attn.rope == "gated":
+        out += [("attn.W_GQ", None, True), ("attn.W_GK", None, True)]
+    return out
+
+
+def _reader_columns(block: Block, readers) -> list[int]:
+    """Output columns of each reader: ``n c`` for per-head weights, rows of ``c_fc``."""
+    params = dict(block.named_parameters())
+    return [params[w].shape[0] * params[w].shape[2] if per_head else params[w].shape[0]
+            for w, _, per_head in readers]
+
+
+def _centring_readers(block: Block, which: str):
+    """The readers whose columns can move along ``1/gamma``: all of them when the LayerNorm has
+    no bias (``y . 1/gamma = 0``); with a bias only those with a bias to absorb the constant."""
+    has_beta = getattr(block, which).bias is not None
+    return [r for r in _readers(block, which) if r[1] is not None or not has_beta]
+
+
+def _check_block_ln(block: Block, which: str, what: str, size: int, expected: int):
+    if size != expected:
+        raise ValueError(f"{what} has {size} entries but {which} of this block needs {expected}")
+
+
+@dataclass(frozen=True, eq=False)
+class LayerNormScale(ContinuousFactor):
+    """``gamma, beta -> s gamma, s beta`` (per feature) and row ``i`` of every reader over
+    ``s_i``; ``s`` has no zero entry."""
+
+    s: torch.Tensor  # [D]
+    which: str = "ln_1"
+    acts_on: ClassVar = Block
+
+    def __post_init__(self):
+        object.__setattr__(self, "s", _vector(self.s, "LayerNormScale.s", nonzero=True))
+
+    def check(self, block):
+        _readers(block, self.which)
+        _check_block_ln(block, self.which, "LayerNormScale.s", len(self.s),
+                        block.ln_1.weight.numel())
+
+    def transform(self, params, block):
+        s = self.s.to(params[f"{self.which}.weight"].device)
+        out = {f"{self.which}.weight": params[f"{self.which}.weight"] * s}
+        if f"{self.which}.bias" in params:
+            out[f"{self.which}.bias"] = params[f"{self.which}.bias"] * s
+        for weight, _, per_head in _readers(block, self.which):
+            out[weight] = params[weight] / (s[:, None] if per_head else s)
+        return out
+
+    def inverse(self):
+        return LayerNormScale(1 / self.s, self.which, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, block, which="ln_1"):
+        return unit_basis(getattr(block, which).weight.shape)
+
+    @classmethod
+    def exp(cls, X, *, target="", which="ln_1"):
+        return cls.unchecked(torch.exp(X), which, target=target)
+
+
+@dataclass(frozen=True, eq=False)
+class LayerNormShift(ContinuousFactor):
+    """``beta -> beta + delta``, every reader's bias ``b -> b - delta W``."""
+
+    delta: torch.Tensor  # [D]
+    which: str = "ln_1"
+    acts_on: ClassVar = Block
+
+    def __post_init__(self):
+        object.__setattr__(self, "delta", _vector(self.delta, "LayerNormShift.delta"))
+
+    def check(self, block):
+        readers = _readers(block, self.which)
+        if getattr(block, self.which).bias is None:
+            raise ValueError(f"LayerNormShift needs {self.which} with a bias (bias=True)")
+        if any(bias is None for _, bias, _ in readers):
+            raise ValueError("LayerNormShift of ln_1 is no symmetry with gated RoPE: the gates "
+                             "have no bias to absorb the shift")
+        _check_block_ln(block, self.which, "LayerNormShift.delta", len(self.delta),
+                        block.ln_1.weight.numel())
+
+    def transform(self, params, block):
+        delta = self.delta.to(params[f"{self.which}.bias"].device)
+        out = {f"{self.which}.bias": params[f"{self.which}.bias"] + delta}
+        for weight, bias, per_head in _readers(block, self.which):
+            W = params[weight]
+            read = (torch.einsum("d,...ndc->...nc", delta, W) if per_head
+                    else torch.einsum("...jd,d->...j", W, delta))
+            out[bias] = params[bias] - read
+        return out
+
+    def inverse(self):
+        return LayerNormShift(-self.delta, self.which, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, block, which="ln_1"):
+        ln = getattr(block, which)
+        if ln.bias is None or (which == "ln_1" and block.attn.rope == "gated"):
+            return torch.zeros(0, ln.weight.numel(), dtype=DTYPE)
+        return unit_basis(ln.weight.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class ReaderCentring(ContinuousFactor):
+    """Column ``j`` of the readers of ``which`` plus ``u_j / gamma``, its bias minus
+    ``(beta . 1/gamma) u_j``; ``u`` runs over the columns of every reader that can take it
+    (:func:`_centring_readers`), in order, each flattened row-major (``[n, c]`` for per-head
+    weights)."""
+
+    u: torch.Tensor  # [columns]
+    which: str = "ln_1"
+    acts_on: ClassVar = Block
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", _vector(self.u, "ReaderCentring.u"))
+
+    def check(self, block):
+        n = sum(_reader_columns(block, _centring_readers(block, self.which)))
+        if len(self.u) != n:
+            raise ValueError(f"ReaderCentring.u has {len(self.u)} entries but the readers of "
+                             f"{self.which} have {n} columns")
+
+    def transform(self, params, block):
+        gamma = params[f"{self.which}.weight"]
+        beta = params.get(f"{self.which}.bias")
+        if beta is not None:  # y . (1/gamma) = beta . (1/gamma), [..., 1]
+            offset = (beta / gamma).sum(-1)[..., None]
+        readers = _centring_readers(block, self.which)
+        u_parts = self.u.to(gamma.device).split(_reader_columns(block, readers))
+        out = {}
+        for (weight, bias, per_head), u in zip(readers, u_parts):
+            W = params[weight]
+            if per_head:  # W [.., n, D, c], u [n, c]
+                u = u.reshape(W.shape[-3], W.shape[-1])
+                out[weight] = W + (1 / gamma)[..., None, :, None] * u[:, None, :]
+            else:  # W [.., 4D, D], u [4D]
+                out[weight] = W + u[:, None] * (1 / gamma)[..., None, :]
+            if bias is not None and beta is not None:
+                out[bias] = params[bias] - (offset[..., None] if per_head else offset) * u
+        return out
+
+    def inverse(self):
+        return ReaderCentring(-self.u, self.which, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, block, which="ln_1"):
+        return unit_basis((sum(_reader_columns(block, _centring_readers(block, which))),))
+
+
+def _writers(block: Block) -> list[tuple[str, str]]:
+    """``(name, kind)`` of what a block writes into the residual stream: ``W_O [H, dv, D]``
+    (rows), ``c_proj.weight [D, 4D]`` (columns), and the output biases ``[D]``."""
+    out = [("attn.W_O", "rows"), ("mlp.c_proj.weight", "columns")]
+    out += [(b, "bias") for b in ("attn.b_O", "mlp.c_proj.bias")
+            if b in dict(block.named_parameters())]
+    return out
+
+
+def _writer_sizes(block: Block) -> list[int]:
+    params = dict(block.named_parameters())
+    sizes = {"rows": lambda w: w.shape[0] * w.shape[1], "columns": lambda w: w.shape[1],
+             "bias": lambda w: 1}
+    return [sizes[kind](params[name]) for name, kind in _writers(block)]
+
+
+@dataclass(frozen=True, eq=False)
+class ResidualCentring(ContinuousFactor):
+    """Everything the block writes moves along ``1``: ``W_O[h][e] -> W_O[h][e] + c 1``, column
+    ``j`` of the MLP's output weight plus ``c' 1``, each output bias plus a multiple of ``1``;
+    ``c`` in the order of the writers, each flattened row-major. Invisible inside a GPT, where
+    every reader of the residual stream is a LayerNorm."""
+
+    c: torch.Tensor  # [H dv + 4D + 2b]
+    acts_on: ClassVar = Block
+
+    def __post_init__(self):
+        object.__setattr__(self, "c", _vector(self.c, "ResidualCentring.c"))
+
+    def check(self, block):
+        n = sum(_writer_sizes(block))
+        if len(self.c) != n:
+            raise ValueError(f"ResidualCentring.c has {len(self.c)} entries, the block writes {n}")
+
+    def transform(self, params, block):
+        parts = self.c.to(params["attn.W_O"].device).split(_writer_sizes(block))
+        out = {}
+        for (name, kind), c in zip(_writers(block), parts):
+            W = params[name]
+            if kind == "rows":  # (H, dv, D): row (h, e) + c[h, e] 1
+                out[name] = W + c.reshape(W.shape[-3], W.shape[-2])[..., None]
+            else:  # (D, 4D): column j + c_j 1; a bias (D,) + c 1
+                out[name] = W + c
+        return out
+
+    def inverse(self):
+        return ResidualCentring(-self.c, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, block):
+        return unit_basis((sum(_writer_sizes(block)),))
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenRescaling(ContinuousFactor):
+    """Hidden unit ``j`` of a PReLU MLP: input weights and bias times ``s_j > 0``, output
+    weights over ``s_j`` (``prelu(s z) = s prelu(z)`` for ``s > 0``)."""
+
+    s: torch.Tensor  # [4D]
+    acts_on: ClassVar = MLP
+
+    def __post_init__(self):
+        object.__setattr__(self, "s", _vector(self.s, "HiddenRescaling.s", positive=True))
+
+    def check(self, mlp):
+        if not isinstance(mlp.act, PReLU):
+            raise ValueError("rescaling hidden units is a symmetry of a PReLU MLP only, this MLP "
+                             f"uses {type(mlp.act).__name__}")
+        if len(self.s) != mlp.c_fc.weight.shape[0]:
+            raise ValueError(f"HiddenRescaling.s has {len(self.s)} entries, the MLP has "
+                             f"{mlp.c_fc.weight.shape[0]} hidden units")
+
+    def transform(self, params, mlp):
+        s = self.s.to(params["c_fc.weight"].device)
+        out = {"c_fc.weight": params["c_fc.weight"] * s[:, None],
+               "c_proj.weight": params["c_proj.weight"] / s}
+        if "c_fc.bias" in params:
+            out["c_fc.bias"] = params["c_fc.bias"] * s
+        return out
+
+    def inverse(self):
+        return HiddenRescaling(1 / self.s, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, mlp):
+        n = mlp.c_fc.weight.shape[0] if isinstance(mlp.act, PReLU) else 0
+        return unit_basis((mlp.c_fc.weight.shape[0],))[:n]
+
+    @classmethod
+    def exp(cls, X, *, target=""):
+        return cls.unchecked(torch.exp(X), target=target)
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenPermutation(Factor):
+    """Relabel the MLP's hidden units: unit ``i`` of the result is unit ``perm[i]`` (the
+    activation acts unit by unit)."""
+
+    perm: torch.Tensor  # [4D]
+    acts_on: ClassVar = MLP
+
+    def __post_init__(self):
+        object.__setattr__(self, "perm", check_permutation(self.perm))
+
+    def check(self, mlp):
+        if len(self.perm) != mlp.c_fc.weight.shape[0]:
+            raise ValueError(f"perm must be a permutation of 0..{mlp.c_fc.weight.shape[0] - 1}")
+
+    def transform(self, params, mlp):
+        perm = self.perm.to(params["c_fc.weight"].device)
+        out = {"c_fc.weight": params["c_fc.weight"].index_select(-2, perm),
+               "c_proj.weight": params["c_proj.weight"].index_select(-1, perm)}
+        for name in ("c_fc.bias", "act.weight"):
+            if name in params:
+                out[name] = params[name].index_select(-1, perm)
+        return out
+
+    def inverse(self):
+        return HiddenPermutation(torch.argsort(self.perm), target=self.target)
+
+
+def _residual_axes(model: GPT) -> dict[str, int]:
+    """``{parameter name: its axis over residual features, counted from the end}``."""
+    axes = {"wte.weight": -1, "ln_f.weight": -1, "ln_f.bias": -1, "wpe.weight": -1}
+    for i, block in enumerate(model.blocks):
+        p = f"blocks.{i}"
+        for ln in LAYERNORMS:
+            axes[f"{p}.{ln}.weight"] = axes[f"{p}.{ln}.bias"] = -1
+        for name in ("W_Q", "W_K", "W_V", "W_GQ", "W_GK"):
+            axes[f"{p}.attn.{name}"] = -2
+        axes.update({f"{p}.attn.W_O": -1, f"{p}.attn.b_O": -1, f"{p}.mlp.c_fc.weight": -1,
+                     f"{p}.mlp.c_proj.weight": -2, f"{p}.mlp.c_proj.bias": -1})
+    return axes
+
+
+@dataclass(frozen=True, eq=False)
+class ResidualPermutation(Factor):
+    """Residual feature ``i`` of the result is feature ``perm[i]``, in every tensor that reads or
+    writes the stream (LayerNorm statistics and the tied unembedding are permutation
+    invariant)."""
+
+    perm: torch.Tensor  # [D]
+    acts_on: ClassVar = GPT
+
+    def __post_init__(self):
+        object.__setattr__(self, "perm", check_permutation(self.perm))
+
+    def check(self, model):
+        if len(self.perm) != model.config.n_embd:
+            raise ValueError(f"perm must be a permutation of 0..{model.config.n_embd - 1}")
+
+    def transform(self, params, model):
+        perm = self.perm.to(params["wte.weight"].device)
+        return {name: params[name].index_select(axis, perm)
+                for name, axis in _residual_axes(model).items() if name in params}
+
+    def inverse(self):
+        return ResidualPermutation(torch.argsort(self.perm), target=self.target)
+
+
+@dataclass(frozen=True, eq=False)
+class PositionCentring(ContinuousFactor):
+    """``wpe[t] -> wpe[t] + c_t 1``: the first LayerNorm of every block removes it, and so
+    does every later one (learned positions only)."""
+
+    c: torch.Tensor  # [block_size]
+    acts_on: ClassVar = GPT
+
+    def __post_init__(self):
+        object.__setattr__(self, "c", _vector(self.c, "PositionCentring.c"))
+
+    def check(self, model):
+        if model.wpe is None:
+            raise ValueError("PositionCentring needs learned positions (rope=False)")
+        if len(self.c) != model.config.block_size:
+            raise ValueError(f"PositionCentring.c needs block_size={model.config.block_size} "
+                             f"entries, got {len(self.c)}")
+
+    def transform(self, params, model):
+        return {"wpe.weight": params["wpe.weight"] + self.c.to(params["wpe.weight"])[:, None]}
+
+    def inverse(self):
+        return PositionCentring(-self.c, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, model):
+        return unit_basis((model.config.block_size if model.wpe is not None else 0,))
+
+
+@dataclass(frozen=True, eq=False)
+class EmbeddingShift(ContinuousFactor):
+    """``wte -> wte + 1 w^T``, ``wpe -> wpe - 1 w^T``: the residual stream is unchanged, and the
+    tied unembedding adds ``w . h`` to every logit alike, which log-softmax removes. With RoPE
+    (no ``wpe``) only ``w`` along ``1`` is invisible at the input (the LayerNorms remove it)."""
+
+    w: torch.Tensor  # [D]
+    acts_on: ClassVar = GPT
+
+    def __post_init__(self):
+        object.__setattr__(self, "w", _vector(self.w, "EmbeddingShift.w"))
+
+    def check(self, model):
+        if len(self.w) != model.config.n_embd:
+            raise ValueError(f"EmbeddingShift.w needs n_embd={model.config.n_embd} entries")
+
+    def transform(self, params, model):
+        w = self.w.to(params["wte.weight"])
+        out = {"wte.weight": params["wte.weight"] + w}
+        if "wpe.weight" in params:
+            out["wpe.weight"] = params["wpe.weight"] - w
+        return out
+
+    def inverse(self):
+        return EmbeddingShift(-self.w, target=self.target)
+
+    @classmethod
+    def lie_basis(cls, model):
+        """``gl``'s translations of the log-probabilities: every ``w`` (learned positions), or
+        ``w = 1`` (RoPE)."""
+        D = model.config.n_embd
+        return torch.ones(1, D, dtype=DTYPE) if model.wpe is None else unit_basis((D,))
