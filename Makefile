@@ -3,7 +3,10 @@
 #   make book   set up .venv if needed, execute every notebook (CPU) and build _build/html
 #   make test   set up .venv if needed, then: unit tests, every notebook under nbval, the strict
 #               book build from a clean _build, the headless-Chromium check of the pages, and the
-#               release artefacts (sdist and wheel built, checked by twine)
+#               release artefacts (sdist and wheel built, checked by twine), and two chapters of
+#               the Colab edition run as in Colab (test-colab)
+#   make colab  write the Colab edition book/colab/ from the executed book in _build (after
+#               `make book` or `make test`)
 #
 # The set-up is stamped (.venv/.installed, _vendor/.installed): re-running only redoes what changed.
 
@@ -36,13 +39,14 @@ PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 HTML_INDEX := _build/html/index.html
 
-.PHONY: help venv assets book test test-unit test-notebooks test-book test-rendered test-package \
-	clean distclean
+.PHONY: help venv assets book colab test test-unit test-notebooks test-book test-rendered test-package \
+	test-colab clean distclean
 
 help:
 	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
 	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check,"
-	@echo "            sdist and wheel (python -m build, twine check)"
+	@echo "            sdist and wheel (python -m build, twine check), Colab simulation (test-colab)"
+	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
 	@echo "make clean  remove _build and $(VENDOR); make distclean also removes $(VENV), node_modules"
@@ -92,9 +96,17 @@ book: $(VENV_STAMP) $(VENDOR_STAMP)
 	echo "[time] book build: $$(( $$(date +%s) - start )) s"; \
 	echo "The book: $(CURDIR)/$(HTML_INDEX)"
 
+# The Colab edition: one notebook per chapter, MyST turned into what Colab renders, glued values
+# and figures written in from the build (see .ci/colab_edition.py). It reads _build, so run it
+# after `make book` or `make test`; tests/test_colab_edition.py fails when it is stale.
+colab: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/python .ci/colab_edition.py --build _build --out book/colab; \
+	echo "[time] Colab edition: $$(( $$(date +%s) - start )) s"
+
 # --- tests ------------------------------------------------------------------------------------
 
-test: test-unit test-notebooks test-book test-rendered test-package
+test: test-unit test-notebooks test-book test-rendered test-package test-colab
 	@echo "All tests passed."
 
 test-unit: $(VENV_STAMP)
@@ -131,6 +143,14 @@ test-package: $(VENV_STAMP)
 	$(BIN)/python -m zipfile -l $$wheel | grep "gaugebook/py.typed" >/dev/null \
 	  || { echo "$$wheel lacks gaugebook/py.typed" >&2; exit 1; }; \
 	echo "[time] sdist and wheel of gaugebook $$version: $$(( $$(date +%s) - start )) s"
+
+# Two Colab-edition chapters (one per Part, one reading results/) run as in Colab: a fresh venv
+# with Colab's preinstalled packages, the install cell's Colab branch taken, the release
+# installed from this clone as it would be from GitHub, outside the repository.
+test-colab: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	$(PARALLEL_ENV) TORCH_PIP_ARGS="$(TORCH_PIP_ARGS)" $(BIN)/python .ci/colab_simulation.py; \
+	echo "[time] Colab simulation: $$(( $$(date +%s) - start )) s"
 
 # --- cleaning ---------------------------------------------------------------------------------
 
