@@ -52,7 +52,11 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import SymmetryBreakingBias
 from gaugebook.gpt import ACTIVATIONS, GPT, Block, GPTConfig, PReLU
-from gaugebook.lie import attention_terms
+from gaugebook.gauge import ATTENTION_ALGEBRA
+from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
+                                 LayerNormShift, PositionCentring, ReaderCentring,
+                                 ResidualCentring)
+from gaugebook.lie import attention_terms, tangent_map
 
 __all__ = ["TERMS", "OUTPUTS", "COUNTED", "LogProbabilities", "redundancy_terms", "block_terms",
            "redundancy_count",
@@ -202,152 +206,16 @@ def redundancy_count(model: Block | GPT | LogProbabilities) -> int:
     return sum(redundancy_terms(model.gpt.config, output="log_probs").values())
 
 
-class _Directions:
-    """Builds tangent vectors in the flat parameter order of ``model.named_parameters()``."""
-
-    def __init__(self, model: nn.Module, root: str):
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.root = root  # "gpt." inside LogProbabilities
-        self.values = {n: p.detach().double() for n, p in named}
-        self.offsets, start = {}, 0
-        for n, p in named:
-            self.offsets[n] = (start, p.shape)
-            start += p.numel()
-        self.n_params = start
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.values[self.root + name]
-
-    def get(self, name: str) -> torch.Tensor | None:
-        return self.values.get(self.root + name)
-
-    def vector(self, deltas: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One direction from ``{parameter name: change of that parameter (broadcastable)}``."""
-        v = torch.zeros(self.n_params, dtype=torch.float64)
-        for name, delta in deltas.items():
-            start, shape = self.offsets[self.root + name]
-            v[start:start + shape.numel()] += delta.expand(shape).reshape(-1)
-        return v
-
-
-def _unit(shape, index) -> torch.Tensor:
-    e = torch.zeros(shape, dtype=torch.float64)
-    e[index] = 1.0
-    return e
-
-
-def _qk_basis(d: int, rope: bool) -> list[torch.Tensor]:
-    """Basis of gl(d), or of the commutant of the RoPE rotations (planes ``(i, i + d/2)``)."""
-    if not rope:
-        return list(torch.eye(d * d, dtype=torch.float64).reshape(d * d, d, d))
-    half, basis = d // 2, []
-    for i in range(half):
-        S = _unit((d, d), (i, i)) + _unit((d, d), (i + half, i + half))  # scaling of the plane
-        R = _unit((d, d), (i, i + half)) - _unit((d, d), (i + half, i))  # rotation generator
-        basis += [S, R]
-    return basis
-
-
-def _attention_directions(space: _Directions, prefix: str,
-                          a: MultiHeadAttention) -> dict[str, list]:
-    """Per key/value group: the QK and VO Lie algebras (``M = I + tE``, ``M^{-T} = I - tE^T``) and
-    the bias translations."""
-    W = {n: space[f"{prefix}.{n}"] for n in ("W_Q", "W_K", "W_V", "W_O")}
-    B = {n: space[f"{prefix}.{n}"] for n in ("b_Q", "b_K", "b_V")} if a.has_bias else {}
-    G, d, dv = a.group_size, a.d_head, a.d_value
-    out = dict(qk_gauge=[], key_bias=[], vo_gauge=[], value_bias=[])
-
-    def direction(changes):
-        return space.vector({f"{prefix}.{n}": t for n, t in changes.items()})
-
-    def in_rows(x, rows, value):  # a zero tensor shaped like x with x[rows] = value
-        y = torch.zeros_like(x)
-        y[rows] = value
-        return y
-
-    for g in range(a.n_kv_heads):
-        heads = slice(g * G, (g + 1) * G)
-        for E in _qk_basis(d, bool(a.rope)):
-            change = dict(W_Q=in_rows(W["W_Q"], heads, W["W_Q"][heads] @ E),
-                          W_K=in_rows(W["W_K"], g, -W["W_K"][g] @ E.T))
-            if B:
-                change.update(b_Q=in_rows(B["b_Q"], heads, B["b_Q"][heads] @ E),
-                              b_K=in_rows(B["b_K"], g, -B["b_K"][g] @ E.T))
-            out["qk_gauge"].append(direction(change))
-        for E in _qk_basis(dv, False):
-            change = dict(W_V=in_rows(W["W_V"], g, W["W_V"][g] @ E),
-                          W_O=in_rows(W["W_O"], heads, -E @ W["W_O"][heads]))
-            if B:
-                change["b_V"] = in_rows(B["b_V"], g, B["b_V"][g] @ E)
-            out["vo_gauge"].append(direction(change))
-        if not B:
-            continue
-        if not a.rope:  # b_K adds the same score to every key of a query
-            out["key_bias"] += [direction(dict(b_K=_unit(B["b_K"].shape, (g, i))))
-                                for i in range(d)]
-        for i in range(dv):  # b_V W_O is a constant output: b_O takes it
-            out["value_bias"].append(direction(dict(b_V=_unit(B["b_V"].shape, (g, i)),
-                                                    b_O=-W["W_O"][heads, i, :].sum(0))))
-    return out
-
-
-def _layernorm_directions(space: _Directions, prefix: str, which: str) -> dict[str, list]:
-    """Gain, bias and centring directions of ``ln_1`` (read by W_Q, W_K, W_V) or ``ln_2`` (read
-    by the MLP's input layer). Readers are viewed as ``[n, D, columns]`` weights and
-    ``[n, columns]`` biases."""
-    if which == "ln_1":
-        readers = [(f"{prefix}.attn.W_{x}", f"{prefix}.attn.b_{x}", False) for x in "QKV"]
-    else:
-        readers = [(f"{prefix}.mlp.c_fc.weight", f"{prefix}.mlp.c_fc.bias", True)]
-    gamma, beta = space[f"{prefix}.{which}.weight"], space.get(f"{prefix}.{which}.bias")
-    D = gamma.numel()
-
-    def as_reader(x, transposed):  # (n, D, columns)
-        x = x.T if transposed else x
-        return x if x.ndim == 3 else x[None]
-
-    def from_reader(x, name, transposed):  # back to the parameter's own shape
-        shape = space[name].shape
-        return x[0].T if transposed else x.reshape(shape)
-
-    out = dict(ln_gain=[], ln_bias=[], ln_centring=[])
-    for i in range(D):  # (gamma_i, beta_i) times s, row i of every reader over s
-        e = _unit(D, i)
-        change = {f"{prefix}.{which}.weight": e * gamma}
-        if beta is not None:
-            change[f"{prefix}.{which}.bias"] = e * beta
-        for w_name, _, tr in readers:
-            Wr = as_reader(space[w_name], tr)
-            change[w_name] = from_reader(-e[None, :, None] * Wr, w_name, tr)
-        out["ln_gain"].append(space.vector(change))
-        if beta is not None:  # beta_i + 1, every reader's bias minus row i of its weight
-            change = {f"{prefix}.{which}.bias": e}
-            for w_name, b_name, tr in readers:
-                change[b_name] = -as_reader(space[w_name], tr)[:, i, :].reshape(space[b_name].shape)
-            out["ln_bias"].append(space.vector(change))
-    offset = 0.0 if beta is None else (beta / gamma).sum()  # y . (1/gamma) = beta . (1/gamma)
-    for w_name, b_name, tr in readers:  # column j of a reader plus 1/gamma
-        n, _, columns = as_reader(space[w_name], tr).shape
-        for k in range(n):
-            for j in range(columns):
-                dW = torch.zeros(n, D, columns, dtype=torch.float64)
-                dW[k, :, j] = 1.0 / gamma
-                change = {w_name: from_reader(dW, w_name, tr)}
-                if beta is not None:
-                    change[b_name] = -offset * _unit((n, columns), (k, j)).reshape(
-                        space[b_name].shape)
-                out["ln_centring"].append(space.vector(change))
-    return out
-
-
 def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tensor]:
     """Tangent vectors of every term of :func:`redundancy_terms`, as ``{term: [n_params, k]}``.
 
     Rows follow the flat parameter order of ``model.named_parameters()`` (that of
     :func:`gaugebook.redundancy.jacobian`), so ``jacobian(model, idx) @ V`` should vanish for every
     term, and all columns together should span the Jacobian's null space. Each column is the
-    derivative of a one-parameter family of symmetries at the identity. Covers learned positions
-    and RoPE, not gated RoPE or symmetry-breaking biases.
+    derivative of a one-parameter family of symmetries at the identity
+    (:func:`gaugebook.lie.tangent_map` of the factors of :mod:`gaugebook.gauge` and
+    :mod:`gaugebook.gpt_gauge`). Covers learned positions and RoPE, not gated RoPE or
+    symmetry-breaking biases.
     """
     gpt = model.gpt if isinstance(model, LogProbabilities) else model
     if not isinstance(gpt, GPT):
@@ -356,49 +224,32 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
     if c.rope == "gated" or c.symmetry_breaking is not None:
         raise ValueError("redundant_directions covers learned positions and RoPE without "
                          "symmetry-breaking biases")
-    space = _Directions(model, "gpt." if isinstance(model, LogProbabilities) else "")
+    root = ["gpt"] if isinstance(model, LogProbabilities) else []
     cols = {name: [] for name in TERMS}
-    D, V, T = c.n_embd, c.vocab_size, c.block_size
-    ones = torch.ones(D, dtype=torch.float64)
-    for i, block in enumerate(gpt.blocks):
+
+    def add(term, family, target, basis=None, **options):  # columns of one factor family
+        path = ".".join(root + ([target] if target else []))
+        cols[term].append(tangent_map(model, family, path, basis, **options))
+
+    for i in range(c.n_layer):
         p = f"blocks.{i}"
-        for name, vs in _attention_directions(space, f"{p}.attn", block.attn).items():
-            cols[name] += vs
-        for which in ("ln_1", "ln_2"):
-            for name, vs in _layernorm_directions(space, p, which).items():
-                cols[name] += vs
-        W_O, W2 = space[f"{p}.attn.W_O"], space[f"{p}.mlp.c_proj.weight"]  # (H, dv, D), (D, 4D)
-        written = [{f"{p}.attn.W_O": _unit(W_O.shape, (h, j))}
-                   for h in range(W_O.shape[0]) for j in range(W_O.shape[1])]
-        written += [{f"{p}.mlp.c_proj.weight": _unit(W2.shape, (slice(None), j))}
-                    for j in range(W2.shape[1])]
-        if c.bias:
-            written += [{f"{p}.attn.b_O": ones}, {f"{p}.mlp.c_proj.bias": ones}]
-        cols["residual_centring"] += [space.vector(change) for change in written]
-        if c.activation == "prelu":  # unit j: input weights and bias times s, output weights / s
-            W1, b1 = space[f"{p}.mlp.c_fc.weight"], space.get(f"{p}.mlp.c_fc.bias")
-            for j in range(W1.shape[0]):
-                e = _unit(W1.shape[0], j)
-                change = {f"{p}.mlp.c_fc.weight": e[:, None] * W1,
-                          f"{p}.mlp.c_proj.weight": -e[None, :] * W2}
-                if b1 is not None:
-                    change[f"{p}.mlp.c_fc.bias"] = e * b1
-                cols["mlp_rescaling"].append(space.vector(change))
-    if not c.rope:
-        cols["position_centring"] = [space.vector({"wpe.weight": _unit((T, D), t)})
-                                     for t in range(T)]
+        for term, family in zip(("qk_gauge", "vo_gauge", "key_bias", "value_bias"),
+                                ATTENTION_ALGEBRA):
+            add(term, family, f"{p}.attn")
+        for which in LAYERNORMS:
+            add("ln_gain", LayerNormScale, p, which=which)
+            add("ln_bias", LayerNormShift, p, which=which)
+            add("ln_centring", ReaderCentring, p, which=which)
+        add("residual_centring", ResidualCentring, p)
+        add("mlp_rescaling", HiddenRescaling, f"{p}.mlp")
+    add("position_centring", PositionCentring, "")
     if isinstance(model, LogProbabilities):
-        shifts = [ones] if c.rope else list(torch.eye(D, dtype=torch.float64))
-    else:
-        shifts = [] if c.rope or c.bias else [1.0 / space["ln_f.weight"]]
-    for w in shifts:  # every token embedding + w, every position embedding - w
-        change = {"wte.weight": w.expand(V, D)}
-        if not c.rope:
-            change["wpe.weight"] = -w.expand(T, D)
-        cols["embedding_shift"].append(space.vector(change))
-    return {name: torch.stack(vs, dim=1) if vs else torch.zeros(space.n_params, 0,
-                                                                 dtype=torch.float64)
-            for name, vs in cols.items()}
+        add("embedding_shift", EmbeddingShift, "")
+    else:  # raw logits: only w = c / gamma_f, without biases and learned positions
+        w = [] if c.rope or c.bias else [1.0 / gpt.ln_f.weight.detach().double()]
+        add("embedding_shift", EmbeddingShift, "",
+            torch.stack(w) if w else torch.zeros(0, c.n_embd, dtype=torch.float64))
+    return {name: torch.cat(vs, dim=1) for name, vs in cols.items()}
 
 
 @torch.no_grad()
