@@ -41,8 +41,9 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
                              ValueBiasShift, VOTransform, grouped_weights)
 from gaugebook.gpt import GPT
+from gaugebook.gpt_gauge import HiddenPermutation, ResidualPermutation, residual_axes
 from gaugebook.lie import float64_parameters
-from gaugebook.linalg import DTYPE, check_permutation, random_gl
+from gaugebook.linalg import DTYPE, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
@@ -229,33 +230,12 @@ def align_mlp(mlp_a: nn.Module, mlp_b: nn.Module) -> torch.Tensor:
     return _assignment(U_a @ U_b.T)
 
 
-@torch.no_grad()
 def permute_mlp(mlp: nn.Module, perm: torch.Tensor) -> None:
-    """Permute the hidden units of ``mlp`` in place (unit ``i`` becomes unit ``perm[i]``); the
-    function is unchanged because the activation acts unit by unit."""
-    mlp.c_fc.weight.copy_(mlp.c_fc.weight[perm])
-    if mlp.c_fc.bias is not None:
-        mlp.c_fc.bias.copy_(mlp.c_fc.bias[perm])
-    if isinstance(mlp.act, nn.PReLU):
-        mlp.act.weight.copy_(mlp.act.weight[perm])
-    mlp.c_proj.weight.copy_(mlp.c_proj.weight[:, perm])
-
-
-def _residual_axes(model: GPT) -> list[tuple[torch.Tensor, int]]:
-    """Every parameter with an axis over residual features, with that axis."""
-    axes = [(model.wte.weight, 1), (model.ln_f.weight, 0)]
-    if model.wpe is not None:
-        axes.append((model.wpe.weight, 1))
-    if model.ln_f.bias is not None:
-        axes.append((model.ln_f.bias, 0))
-    for block in model.blocks:
-        for ln in (block.ln_1, block.ln_2):
-            axes += [(ln.weight, 0)] + ([(ln.bias, 0)] if ln.bias is not None else [])
-        a, mlp = block.attn, block.mlp
-        axes += [(a.W_Q, 1), (a.W_K, 1), (a.W_V, 1), (a.W_O, 2),
-                 (mlp.c_fc.weight, 1), (mlp.c_proj.weight, 0)]
-        axes += [(b, 0) for b in (a.b_O, mlp.c_proj.bias) if b is not None]
-    return axes
+    """Permute the hidden units of ``mlp`` in place (unit ``i`` becomes unit ``perm[i]``;
+    :class:`~gaugebook.gpt_gauge.HiddenPermutation`); the function is unchanged because the
+    activation acts unit by unit."""
+    factor = HiddenPermutation(perm)
+    factor.apply_(factor.resolve(mlp))
 
 
 def _check_gpt_pair(model_a: GPT, model_b: GPT) -> None:
@@ -278,9 +258,12 @@ def match_residual(model_a: GPT, model_b: GPT) -> torch.Tensor:
     _check_gpt_pair(model_a, model_b)
     C = torch.zeros(model_a.config.n_embd, model_a.config.n_embd, dtype=DTYPE,
                     device=model_a.wte.weight.device)
-    for (wa, axis), (wb, _) in zip(_residual_axes(model_a), _residual_axes(model_b)):
-        wa, wb = (_w(w).movedim(axis, 0).reshape(w.shape[axis], -1) for w in (wa, wb))
-        C += wa @ wb.T  # (D, D)
+    params_a, params_b = dict(model_a.named_parameters()), dict(model_b.named_parameters())
+    for name, axis in residual_axes(model_a).items():
+        if name in params_a:
+            wa, wb = (_w(w).movedim(axis, 0).reshape(w.shape[axis], -1)
+                      for w in (params_a[name], params_b[name]))
+            C += wa @ wb.T  # (D, D)
     return _assignment(C)
 
 
@@ -288,12 +271,7 @@ def permute_residual(model: GPT, perm: torch.Tensor) -> GPT:
     """A copy of ``model`` whose residual feature ``i`` is feature ``perm[i]`` of ``model``
     (the same function: LayerNorm statistics and the tied unembedding are permutation
     invariant)."""
-    out = copy.deepcopy(model)
-    perm = check_permutation(perm, model.config.n_embd).to(model.wte.weight.device)
-    with torch.no_grad():
-        for w, axis in _residual_axes(out):
-            w.copy_(w.index_select(axis, perm))
-    return out
+    return GaugeElement([ResidualPermutation(perm)]).act(model)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from gaugebook.linalg import DTYPE, check_permutation
 
 __all__ = ["LayerNormScale", "LayerNormShift", "ReaderCentring", "ResidualCentring",
            "HiddenRescaling", "HiddenPermutation", "ResidualPermutation", "PositionCentring",
-           "EmbeddingShift", "LAYERNORMS"]
+           "EmbeddingShift", "LAYERNORMS", "residual_axes"]
 
 LAYERNORMS = ("ln_1", "ln_2")
 
@@ -337,7 +337,7 @@ class HiddenPermutation(Factor):
         return HiddenPermutation(torch.argsort(self.perm), target=self.target)
 
 
-def _residual_axes(model: GPT) -> dict[str, int]:
+def residual_axes(model: GPT) -> dict[str, int]:
     """``{parameter name: its axis over residual features, counted from the end}``."""
     axes = {"wte.weight": -1, "ln_f.weight": -1, "ln_f.bias": -1, "wpe.weight": -1}
     for i, block in enumerate(model.blocks):
@@ -370,7 +370,7 @@ class ResidualPermutation(Factor):
     def transform(self, params, model):
         perm = self.perm.to(params["wte.weight"].device)
         return {name: params[name].index_select(axis, perm)
-                for name, axis in _residual_axes(model).items() if name in params}
+                for name, axis in residual_axes(model).items() if name in params}
 
     def inverse(self):
         return ResidualPermutation(torch.argsort(self.perm), target=self.target)

@@ -88,7 +88,8 @@ class Factor:
     def inverse(self) -> "Factor":  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _target(self, model: nn.Module) -> nn.Module:
+    def resolve(self, model: nn.Module) -> nn.Module:
+        """The submodule of ``model`` at :attr:`target`, checked to be one this factor fits."""
         module = model.get_submodule(self.target)
         if not isinstance(module, self.acts_on):
             kinds = self.acts_on if isinstance(self.acts_on, tuple) else (self.acts_on,)
@@ -98,8 +99,9 @@ class Factor:
         return module
 
     def apply_(self, module: nn.Module) -> None:
-        """Overwrite the parameters of ``module`` (the target itself) with the action's result,
-        computed in float64 and cast back to each parameter's dtype."""
+        """Overwrite the parameters of ``module`` (the target itself, as :meth:`resolve` returns
+        it) with the action's result, in place: computed in float64, cast back to each
+        parameter's dtype."""
         named = dict(module.named_parameters())
         new = self.transform(float64_parameters(module), module)
         with torch.no_grad():
@@ -136,7 +138,7 @@ class GaugeElement:
         """The action on ``params`` (float64, named as in ``model.named_parameters()``): the
         functional form of :meth:`act`, differentiable."""
         for f in self.factors:
-            module = f._target(model)
+            module = f.resolve(model)
             prefix = f"{f.target}." if f.target else ""
             sub = {n[len(prefix):]: t for n, t in params.items() if n.startswith(prefix)}
             new = f.transform(sub, module)
@@ -147,7 +149,7 @@ class GaugeElement:
         """Return a transformed deep copy of ``module``."""
         out = copy.deepcopy(module)
         for f in self.factors:
-            f.apply_(f._target(out))
+            f.apply_(f.resolve(out))
         return out
 
     def inverse(self) -> "GaugeElement":
