@@ -3,8 +3,9 @@
 #   make book   set up .venv if needed, execute every notebook (CPU) and build _build/html
 #   make test   set up .venv if needed, then: unit tests, every notebook under nbval, the strict
 #               book build from a clean _build, the headless-Chromium check of the pages, and the
-#               release artefacts (sdist and wheel built, checked by twine), and two chapters of
-#               the Colab edition run as in Colab (test-colab)
+#               release artefacts (sdist and wheel built, checked by twine), two chapters of
+#               the Colab edition run as in Colab (test-colab), and Binder's install steps in a
+#               fresh virtual environment (test-binder)
 #   make colab  write the Colab edition book/colab/ from the executed book in _build (after
 #               `make book` or `make test`)
 #
@@ -40,12 +41,13 @@ PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 HTML_INDEX := _build/html/index.html
 
 .PHONY: help venv assets book colab test test-unit test-notebooks test-book test-rendered test-package \
-	test-colab clean distclean
+	test-colab test-binder clean distclean
 
 help:
 	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
 	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check,"
 	@echo "            sdist and wheel (python -m build, twine check), Colab simulation (test-colab)"
+	@echo "            and Binder's install steps in a fresh venv (test-binder)"
 	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
@@ -106,7 +108,7 @@ colab: $(VENV_STAMP)
 
 # --- tests ------------------------------------------------------------------------------------
 
-test: test-unit test-notebooks test-book test-rendered test-package test-colab
+test: test-unit test-notebooks test-book test-rendered test-package test-colab test-binder
 	@echo "All tests passed."
 
 test-unit: $(VENV_STAMP)
@@ -151,6 +153,14 @@ test-colab: $(VENV_STAMP)
 	@start=$$(date +%s); \
 	$(PARALLEL_ENV) TORCH_PIP_ARGS="$(TORCH_PIP_ARGS)" $(BIN)/python .ci/colab_simulation.py; \
 	echo "[time] Colab simulation: $$(( $$(date +%s) - start )) s"
+
+# Binder's install steps (environment.yml's pip section, then postBuild) in a fresh virtual
+# environment that sees no other site-packages; every public module must import (about 2 min).
+test-binder: $(VENV_STAMP)
+	@start=$$(date +%s); \
+	GAUGEBOOK_BINDER_TEST=1 TORCH_PIP_ARGS="$(TORCH_PIP_ARGS)" $(PARALLEL_ENV) \
+	  $(BIN)/pytest -q tests/test_binder.py -k fresh_venv; \
+	echo "[time] Binder install in a fresh venv: $$(( $$(date +%s) - start )) s"
 
 # --- cleaning ---------------------------------------------------------------------------------
 

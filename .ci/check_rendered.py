@@ -15,7 +15,9 @@ is loaded with ``chromium --headless ... --virtual-time-budget=MS --dump-dom URL
   (``<script type="application/vnd.jupyter.widget-view+json">``), as many rendered views: a
   ``<div class="widget-subarea">`` holding an element of class ``jupyter-widgets``;
 * offline: no script or stylesheet is referenced on another host, and the local server answered
-  every request the pages made (no 404 other than ``/favicon.ico``).
+  every request the pages made (no 404 other than ``/favicon.ico``);
+* scripts: no uncaught JavaScript error in the console (such as a script that the page loads
+  twice: "Identifier ... has already been declared").
 
 Exit status 0 when every page passes; otherwise 1, after a message naming each failure.
 Standard library only.
@@ -202,6 +204,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
         return result
     result.seconds = time.monotonic() - start
     result.console = [msg for msg, _ in CONSOLE_ERROR.findall(log)]
+    for message in dict.fromkeys(result.console):
+        result.failures.append(f"JavaScript error: {message}")
     rendered = RenderedPage()
     rendered.feed(dom)
     result.rendered = rendered
@@ -263,15 +267,6 @@ def main(argv=None) -> int:
         views = sum(r.rendered.subareas) if r.rendered else 0
         print(f"{r.page:<34} {mjx:>5}/{r.static.math:<5} {views:>4}/{r.static.widget_views:<4} "
               f"{r.seconds:6.1f}  {'ok' if not r.failures else 'FAILED'}")
-    console: dict[str, list[str]] = {}
-    for r in results:
-        for message in dict.fromkeys(r.console):
-            console.setdefault(message, []).append(r.page)
-    if console:
-        print("\nJavaScript errors reported by the pages (for information; not checked):")
-        for message, on_pages in sorted(console.items()):
-            print(f"  {message} [{len(on_pages)} of {len(results)} pages]")
-
     failed = [r for r in results if r.failures]
     if failed or missing:
         print("\ncheck_rendered: FAILED", file=sys.stderr)
@@ -283,7 +278,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          f"no network).")
+          f"no network, no JavaScript error).")
     return 0
 
 

@@ -59,6 +59,7 @@ def built_api(tmp_path_factory):
         pytest.skip("jupyter-book is not installed (the [book] extra)")
     site = tmp_path_factory.mktemp("api-book")
     shutil.copytree(API, site / "book" / "api")
+    shutil.copytree(ROOT / "book" / "_ext", site / "book" / "_ext")  # _config.yml's extension
     shutil.copy(ROOT / "book" / "references.bib", site / "book")
     shutil.copy(ROOT / "_config.yml", site)
     (site / "_vendor").mkdir()  # the served JavaScript is not needed to check the text

@@ -1,0 +1,54 @@
+"""What the book's pages need beyond the theme (a Sphinx extension; ``_config.yml`` loads it).
+
+* The launch buttons name the release. Colab, Binder and Thebe (live code) open the git tag
+  ``v<version>`` of ``gaugebook.__version__``, the one home of the version; Colab opens the
+  chapter's Colab edition, ``book/colab/<chapter>.ipynb``, which Colab shows like the page.
+* Each inline script once. sphinx-thebe adds its configuration script (``const THEBE_JS_URL =
+  ...``) after the HTML builder has started; Sphinx 7 then writes it into every page twice, and
+  the second copy fails with "Identifier 'THEBE_JS_URL' has already been declared".
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import gaugebook
+
+COLAB_EDITION = "book/colab"
+
+
+def release_tag() -> str:
+    return f"v{gaugebook.__version__}"
+
+
+def launch_release(app, config) -> None:
+    """Launch buttons and Thebe use the branch the theme is given: make it the release tag."""
+    config.html_theme_options["repository_branch"] = release_tag()
+
+
+def colab_edition(app, pagename, templatename, context, doctree) -> None:
+    """The Colab button of chapter ``book/<name>`` opens ``book/colab/<name>.ipynb``."""
+    chapter = f"/{pagename}.ipynb"
+    edition = f"/{COLAB_EDITION}/{PurePosixPath(pagename).name}.ipynb"
+    for group in context.get("header_buttons", []):
+        for button in group.get("buttons", []) if group.get("label") == "launch-buttons" else []:
+            if button.get("text") == "Colab" and button["url"].endswith(chapter):
+                button["url"] = button["url"][: -len(chapter)] + edition
+
+
+def each_script_once(app, pagename, templatename, context, doctree) -> None:
+    """Drop repeated scripts: an inline script registered as ``None`` and again as ``""``."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        key = (getattr(script, "filename", script) or "", getattr(script, "priority", None),
+               tuple(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"][:] = unique
+
+
+def setup(app):
+    app.connect("config-inited", launch_release)
+    app.connect("html-page-context", colab_edition, priority=510)  # after the theme's (501)
+    app.connect("html-page-context", each_script_once, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
