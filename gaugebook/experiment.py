@@ -12,116 +12,32 @@ Command line::
 
     python -m gaugebook.experiment --preset cpu-smoke --out runs/smoke
     python -m gaugebook.experiment --preset gpu --part seed0 --out results/gpu --workers 16
+    python -m gaugebook.experiment --preset paper --part seed0 --batched --workers 3 \
+        --data-workers 4 --out results/gpu/paper
     torchrun --nproc_per_node 2 -m gaugebook.experiment --preset cpu-smoke --out runs/ddp
+
+``--batched`` trains the runs that share an optimizer setting and a model shape as one batched
+model (:func:`gaugebook.training.train_batched`): the same result files, one forward and backward
+for all of them; ``--workers K`` then trains K such cohorts concurrently.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import os
-import platform
-import random
-import string
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
-from gaugebook import mechanics
-from gaugebook.data import MIN_PROBE_CONTEXT, DefaultCorpus, evaluate_probes
-from gaugebook.gpt import ACTIVATIONS, GPT, GPTConfig
-from gaugebook.optim import OPTIMIZERS, make_optimizer
+from gaugebook.run_config import RunConfig, override
+from gaugebook.training import (cohorts, optimizer_state_bytes, provenance, train,
+                                train_batched, write_json_atomic)
 
-SYMMETRIES = {"symmetric": None, "bq": "bq", "bqv": "bqv"}
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-POSITIVE_INTS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_every",
-                 "eval_batches", "probe_instances", "checkpoint_every")
-TAG_CHARACTERS = set(string.ascii_letters + string.digits + "._=-")
-MAX_TAG_LENGTH = 40
-
-
-@dataclass
-class RunConfig:
-    """Everything that defines one training run. Its ``name`` (the result's file name) is
-    optimizer-symmetry-activation-seed, plus ``tag`` when given: runs of one folder that differ in
-    anything else (a sweep's learning rates) need distinct tags."""
-
-    optimizer: str
-    symmetry: str = "symmetric"
-    activation: str = "prelu"
-    seed: int = 0
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 32
-    block_size: int = 32
-    batch_size: int = 8
-    steps: int = 30
-    optimizer_hp: dict = field(default_factory=dict)
-    mu_v: float = 0.0
-    eval_every: int = 10
-    eval_batches: int = 2
-    probe_instances: int = 16
-    checkpoint_every: int = 50
-    autocast_bf16: bool = False
-    compile: bool = False
-    max_wall_s: float | None = None
-    tag: str = ""
-
-    def __post_init__(self):
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {sorted(OPTIMIZERS)}")
-        if self.symmetry not in SYMMETRIES:
-            raise ValueError(f"unknown symmetry {self.symmetry!r}; valid: {sorted(SYMMETRIES)}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {self.activation!r}; valid: {list(ACTIVATIONS)}")
-        for key in ("seed", *POSITIVE_INTS):
-            value, low = getattr(self, key), 0 if key == "seed" else 1
-            if type(value) is not int or value < low:
-                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
-        if self.block_size < MIN_PROBE_CONTEXT:
-            raise ValueError(f"block_size must be >= {MIN_PROBE_CONTEXT} (the context of the "
-                             f"probes evaluated after training), got {self.block_size}")
-        if not isinstance(self.optimizer_hp, dict):
-            raise ValueError(f"optimizer_hp must be a dict, got {self.optimizer_hp!r}")
-        if not _is_real(self.mu_v) or not math.isfinite(self.mu_v):
-            raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
-        for key in ("autocast_bf16", "compile"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
-        if self.max_wall_s is not None and not (_is_real(self.max_wall_s) and self.max_wall_s > 0):
-            raise ValueError(f"max_wall_s must be None or a positive number of seconds, "
-                             f"got {self.max_wall_s!r}")
-        if not isinstance(self.tag, str) or len(self.tag) > MAX_TAG_LENGTH \
-                or not set(self.tag) <= TAG_CHARACTERS:
-            raise ValueError(f"tag must be a string of at most {MAX_TAG_LENGTH} characters from "
-                             f"A-Z a-z 0-9 . _ = -, got {self.tag!r}")
-
-    @property
-    def name(self) -> str:
-        name = f"{self.optimizer}-{self.symmetry}-{self.activation}-s{self.seed}"
-        return f"{name}-{self.tag}" if self.tag else name
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "RunConfig":
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise ValueError(f"unknown run config key(s) {unknown}; valid keys: {sorted(valid)}")
-        return cls(**values)
-
+__all__ = ["RunConfig", "presets", "select_runs", "override", "train", "train_batched",
+           "run_many", "main", "provenance", "write_json_atomic", "optimizer_state_bytes",
+           "PAPER_DECISION"]
 
 # Optimizer settings. The paper's (124M model, 500M tokens): ECD lr 1 (dt 0.1), eta 100,
 # F0 ~ 0.6 x final loss; AdamW lr 1e-4, betas (0.9, 0.95); SGDM lr 0.03, momentum 0.95
@@ -146,6 +62,42 @@ SMALL = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16, ste
 GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=32, steps=2000,
            eval_every=100, eval_batches=8, probe_instances=128, checkpoint_every=500,
            autocast_bf16=True, max_wall_s=420.0)
+
+
+# The preset `paper`: the symmetry-breaking paper's protocol (Silverstein, Kunin, Shyam 2026; its
+# code's settings) at reduced scale. ECD: lr 1 (dt = 0.1), eta 100, F0 2, nu 0, per-tensor over
+# GPT-2's tensors or global; AdamW: betas (0.9, 0.999), weight decay 0 (the paper's logged runs)
+# at lr PAPER_ADAMW_LR; PReLU slopes drawn per unit from N(0.2, 1.0^2); mu_V 0.5. Steps: the
+# initial parameter norm of this model is 134 (seed 0), so 28,000 steps of dt 0.1 make a path of
+# 2,800 = 20.9 initial norms.
+PAPER_ADAMW_LR = 1e-4
+PAPER = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=8, steps=28_000,
+             eval_every=500, eval_batches=16, probe_instances=128, checkpoint_every=4000,
+             autocast_bf16=True, compile=True, prelu_init="paper")
+PAPER_SMOKE = dict(SMOKE, steps=40, prelu_init="paper")
+PAPER_ECD = dict(lr=1.0, eta=100.0, F0=2.0)
+PAPER_ARMS = (  # (optimizer, tag, optimizer_hp, symmetries)
+    ("ecd", "pt", dict(PAPER_ECD, projection="per_tensor", partition="gpt2"),
+     ("symmetric", "bq", "bqv")),
+    ("ecd", "global", PAPER_ECD, ("symmetric", "bqv")),
+    ("adamw", "", dict(lr=PAPER_ADAMW_LR, betas=(0.9, 0.999), weight_decay=0.0),
+     ("symmetric", "bqv")),
+)
+PAPER_DECISION = """Pre-registered decision rule of the preset `paper` (fixed before any GPU result).
+For each run the statistic is the mean validation loss of its last 5 evaluations. For each ECD
+arm (per-tensor, global) and each broken symmetry (bq, bqv), Delta = broken - symmetric, paired
+by seed (0, 1, 2). "Breaking helps ECD at this scale" holds for that pair iff Delta < 0 in every
+seed and the mean Delta < -0.1. Reported whatever they show: the mean, the per-seed values and a
+95% t-interval (2 degrees of freedom). AdamW's Delta is reported the same way, as the control."""
+
+
+def _paper_parts(base: dict) -> dict[str, list[RunConfig]]:
+    """One part per seed: the 7 runs of the paper's arms (see ``PAPER_DECISION``)."""
+    return {f"seed{seed}": [RunConfig(optimizer=o, symmetry=s, seed=seed, tag=tag,
+                                      optimizer_hp=dict(hp), mu_v=0.5 if s == "bqv" else 0.0,
+                                      **base)
+                            for o, tag, hp, symmetries in PAPER_ARMS for s in symmetries]
+            for seed in range(3)}
 
 
 def _runs(base: dict, optimizers, symmetries, activations, seeds, hp=HP) -> list[RunConfig]:
@@ -182,6 +134,8 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
                                    ["prelu"], [0])},
         "gpu": _gpu_parts(),
         "sweep": _sweep_parts(),
+        "paper": _paper_parts(PAPER),
+        "paper-smoke": _paper_parts(PAPER_SMOKE),
     }
 
 
@@ -198,348 +152,58 @@ def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
     return parts[part]
 
 
-def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
-    """A copy of ``cfg`` with ``KEY=VALUE`` assignments applied (unknown keys are an error).
-    VALUE is read as JSON where it parses, except for the string settings (``tag=1e-3`` is the
-    tag ``"1e-3"``)."""
-    values = dataclasses.asdict(cfg)
-    strings = {f.name for f in dataclasses.fields(RunConfig) if f.type == "str"}
-    for item in assignments:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            values[key] = raw if key in strings else json.loads(raw)
-        except json.JSONDecodeError:
-            values[key] = raw
-    return RunConfig.from_dict(values)
-
-
-# ----------------------------------------------------------------------------- provenance
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True,
-                          cwd=Path(__file__).parent, check=True).stdout.strip()
-
-
-def _cpu_name() -> str:
-    """The processor's model name (from /proc/cpuinfo on Linux) and its number of cores."""
-    name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name or 'cpu'} ({os.cpu_count()} cores)"
-
-
-def provenance(device: torch.device) -> dict:
-    """Where and with what a result was produced. ``git_dirty``: tracked files differed from the
-    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``)."""
-    try:
-        commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
-                                                            "--untracked-files=no"))
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = os.environ.get("GAUGEBOOK_COMMIT", "unknown"), None
-    return {
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "hostname_platform": platform.platform(),
-        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written result."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
-
-
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------- training
-
-def _rank_world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def _rng_state(device) -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": np.random.get_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device) -> None:
-    """Restore :func:`_rng_state` (torch wants its generator states as CPU byte tensors)."""
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def _as_json(config: dict) -> dict:
-    """``config`` as it reads back from JSON (tuples become lists)."""
-    return json.loads(json.dumps(config))
-
-
-def _check_same_config(cfg: RunConfig, stored: dict | None, path: Path) -> None:
-    """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
-    configuration; ``stored`` ``None`` (a checkpoint from before configs were saved) passes."""
-    if stored is None:
-        return
-    expected = _as_json(dataclasses.asdict(cfg))
-    stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
-    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here"
-                 for k in sorted(expected) if stored[k] != expected[k]]
-    if differing:
-        raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
-                         ": write to another --out, or give this run a tag (--set tag=...)")
-
-
-def _model_config(cfg: RunConfig, corpus: DefaultCorpus) -> GPTConfig:
-    return GPTConfig(vocab_size=corpus.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
-                     n_head=cfg.n_head, n_embd=cfg.n_embd, activation=cfg.activation,
-                     symmetry_breaking=SYMMETRIES[cfg.symmetry], mu_v=cfg.mu_v)
-
-
-def _charge_norms(model: GPT, before: dict, after: dict) -> dict:
-    """Mean Frobenius norm of the Noether charges J_QK, J_VO per layer, with the last step's
-    parameter change as the velocity (optimizer-agnostic)."""
-    velocity = {name: after[name] - before[name] for name in after}
-    sectors = mechanics.charges(model, velocity).values()
-    return {"J_QK": float(np.mean([s.qk_norm.mean().item() for s in sectors])),
-            "J_VO": float(np.mean([s.vo_norm.mean().item() for s in sectors]))}
-
-
-def _evaluate(model, corpus, cfg, device, autocast) -> float:
-    """Mean validation loss over ``eval_batches`` fixed held-out batches (eval mode: mean biases)."""
-    model.eval()
-    losses = []
-    with torch.no_grad(), autocast():
-        for i in range(cfg.eval_batches):
-            x, y = corpus.batch(i, cfg.batch_size, cfg.block_size, split="val", device=device)[:2]
-            losses.append(model(x, y)[1].float().item())
-    model.train()
-    return float(np.mean(losses))
-
-
-def _out_of_time(cfg: RunConfig, start: float, device, world: int) -> bool:
-    """Whether ``max_wall_s`` has passed since ``start``, by rank 0's clock (all ranks agree)."""
-    if cfg.max_wall_s is None:
-        return False
-    over = time.perf_counter() - start > cfg.max_wall_s
-    if world > 1:
-        flag = torch.tensor(float(over), device=device)
-        dist.broadcast(flag, src=0)
-        over = bool(flag.item())
-    return over
-
-
-def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
-          position: int = 0, stop_after: int | None = None, progress: bool = True) -> dict | None:
-    """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
-    by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
-    progress bar.
-
-    An existing result or checkpoint of the same name must hold the same configuration
-    (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by
-    ``max_wall_s`` is evaluated at its last step (``truncated``: true). ``peak_memory_bytes`` is
-    the peak of allocated device memory on CUDA; on the CPU it is the process's peak resident set
-    size since it started (everything the process did, not only this run)."""
-    device = torch.device(device)
-    rank, world = _rank_world()
-    out.mkdir(parents=True, exist_ok=True)
-    result_path = out / f"{cfg.name}.json"
-    if result_path.exists():
-        result = json.loads(result_path.read_text())
-        _check_same_config(cfg, result.get("config"), result_path)
-        return result
-    if cfg.batch_size % world:
-        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
-    ckpt_dir = out / "checkpoints"
-    ckpt_path = ckpt_dir / f"{cfg.name}.pt"
-
-    torch.manual_seed(cfg.seed)
-    corpus = DefaultCorpus(seed=cfg.seed)
-    model = GPT(_model_config(cfg, corpus)).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Muon sends 2-D weights to Muon and the rest (embeddings by name) to AdamW: it needs names.
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(cfg.optimizer, named if cfg.optimizer == "muon" else params,
-                               **cfg.optimizer_hp)
-    train_model = model
-    if world > 1:
-        train_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
-
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
-
-    history = {"step": [], "train_loss": [], "val_loss": [], "J_QK": [], "J_VO": [], "wall_s": []}
-    step, elapsed, tokens = 0, 0.0, 0
-    # summed training loss since the last measurement, and the step it started at
-    window, history_start = None, 0
-    if ckpt_path.exists():
-        # on the CPU: random states must stay there; load_state_dict moves the rest
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        _check_same_config(cfg, ckpt.get("config"), ckpt_path)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        step, elapsed, tokens, history = ckpt["step"], ckpt["elapsed"], ckpt["tokens"], ckpt["history"]
-        _set_rng_state(ckpt["rng"], device)
-        window, history_start = ckpt["window"]
-        window = None if window is None else window.to(device)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    local = cfg.batch_size // world
-    start = time.perf_counter() - elapsed
-    bar = tqdm(total=cfg.steps, initial=step, desc=cfg.name, position=position, leave=position == 0,
-               disable=rank != 0 or not progress, dynamic_ncols=True)
-    final = False
-    while not final:
-        # the last step: the planned one, or the one in progress when the time budget runs out
-        final = step + 1 >= cfg.steps or _out_of_time(cfg, start, device, world)
-        x, y = corpus.batch(step, cfg.batch_size, cfg.block_size, split="train", device=device)[:2]
-        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
-
-        def closure():
-            optimizer.zero_grad(set_to_none=True)
-            with autocast():
-                loss = train_model(x, y)[1]
-            loss.backward()
-            return loss
-
-        measure = (step + 1) % cfg.eval_every == 0 or final
-        before = {n: p.detach().clone() for n, p in model.named_parameters()} if measure else None
-        loss = optimizer.step(closure).detach().float()
-        window = loss if window is None else window + loss  # on the device: no sync per step
-        step += 1
-        tokens += cfg.batch_size * cfg.block_size
-        bar.update(1)
-        if measure:
-            if world > 1:
-                dist.all_reduce(window)
-                window /= world
-            train_loss = window.item() / (step - history_start)
-            if not math.isfinite(train_loss):
-                raise FloatingPointError(f"{cfg.name}: non-finite training loss before step {step}")
-            after = {n: p.detach() for n, p in model.named_parameters()}
-            charges = _charge_norms(model, before, after)
-            history["step"].append(step)
-            history["train_loss"].append(train_loss)
-            history["val_loss"].append(_evaluate(model, corpus, cfg, device, autocast))
-            history["J_QK"].append(charges["J_QK"])
-            history["J_VO"].append(charges["J_VO"])
-            history["wall_s"].append(time.perf_counter() - start)
-            window, history_start = None, step
-            bar.set_postfix(val=f"{history['val_loss'][-1]:.3f}")
-        if rank == 0 and (step % cfg.checkpoint_every == 0) and not final:
-            ckpt_dir.mkdir(exist_ok=True)
-            _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "step": step, "elapsed": time.perf_counter() - start, "tokens": tokens,
-                          "history": history, "window": (window, history_start),
-                          "rng": _rng_state(device), "config": dataclasses.asdict(cfg)},
-                         ckpt_path)
-        if stop_after is not None and step >= stop_after:
-            bar.close()
-            return None
-    bar.close()
-    wall = time.perf_counter() - start
-    model.eval()
-    probes = evaluate_probes(model, corpus.tokenizer, n_per_task=cfg.probe_instances, device=device)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        import resource
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result = {
-        "name": cfg.name,
-        "config": dataclasses.asdict(cfg),
-        "steps_done": step,
-        "truncated": step < cfg.steps,
-        "history": history,
-        "final_val_loss": history["val_loss"][-1] if history["val_loss"] else None,
-        "probes": probes,
-        "optimizer_state_bytes": optimizer_state_bytes(optimizer),
-        "n_params": sum(p.numel() for p in params),
-        "skipped_steps": getattr(optimizer, "skipped_steps", 0),
-        "wall_s": wall,
-        "tokens": tokens,
-        "tokens_per_s": tokens / wall,
-        "peak_memory_bytes": int(peak),
-        "provenance": provenance(device),
-    }
-    if rank == 0:
-        write_json_atomic(result_path, result)
-        ckpt_path.unlink(missing_ok=True)
-        (out / f"{cfg.name}.error.json").unlink(missing_ok=True)  # a failure of an earlier try
-    return result
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes held in tensors of the optimizer's per-parameter state, including tensors kept in
-    lists or dicts (SOAP's preconditioners); scalar step counters are not counted."""
-    def size(value) -> int:
-        if torch.is_tensor(value):
-            return value.numel() * value.element_size() if value.ndim > 0 else 0
-        if isinstance(value, (list, tuple)):
-            return sum(size(v) for v in value)
-        if isinstance(value, dict):
-            return sum(size(v) for v in value.values())
-        return 0
-
-    return sum(size(state) for state in optimizer.state.values())
-
-
 # ----------------------------------------------------------------------------- orchestration
 
-def _worker(queue, out: str, device: str, position: int) -> None:
-    """Take runs from ``queue`` until a ``None``; a failing run is recorded in
-    ``<out>/<name>.error.json`` and does not stop the others."""
+def _worker(queue, out: str, device: str, position: int, batched: bool,
+            data_workers: int) -> None:
+    """Take cohorts (lists of runs) from ``queue`` until a ``None``; a failing cohort is recorded
+    in ``<out>/<name>.error.json`` for each of its runs and does not stop the others."""
     while True:
         item = queue.get()
         if item is None:
             return
-        cfg = RunConfig.from_dict(item)
+        cfgs = [RunConfig.from_dict(c) for c in item]
         try:
-            train(cfg, Path(out), device, position=position)
+            _train_cohort(cfgs, Path(out), device, batched, position=position,
+                          data_workers=data_workers)
         except Exception as error:  # noqa: BLE001 - reported in a file, then the next run
-            write_json_atomic(Path(out) / f"{cfg.name}.error.json",
-                              {"name": cfg.name, "error": repr(error),
-                               "config": dataclasses.asdict(cfg)})
-            print(f"{cfg.name} failed: {error!r}", file=sys.stderr)
+            for cfg in cfgs:
+                write_json_atomic(Path(out) / f"{cfg.name}.error.json",
+                                  {"name": cfg.name, "error": repr(error),
+                                   "config": dataclasses.asdict(cfg)})
+            print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
 
 
-def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1) -> None:
-    """Train ``runs``; with ``workers > 1`` that many processes share the device (useful when one
-    small run does not fill a GPU)."""
+def _train_cohort(cfgs, out: Path, device: str, batched: bool, **kw) -> None:
+    if batched:
+        train_batched(cfgs, out, device, **kw)
+    else:
+        train(cfgs[0], out, device, **kw)
+
+
+def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
+             batched: bool = False, data_workers: int = 0) -> None:
+    """Train ``runs``, alone or (``batched``) grouped into batched cohorts
+    (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share the
+    device (useful when one run or cohort does not fill a GPU)."""
+    names = [cfg.name for cfg in runs]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ValueError(f"runs {clashes} would write the same result file: give them distinct "
+                         "tags (--set tag=...) or drop the --set that made them equal")
+    groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
     if workers <= 1:
-        for cfg in runs:
-            train(cfg, out, device)
+        for group in groups:
+            _train_cohort(group, out, device, batched, data_workers=data_workers)
         return
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    for cfg in runs:
-        queue.put(dataclasses.asdict(cfg))
+    for group in groups:
+        queue.put([dataclasses.asdict(cfg) for cfg in group])
     for _ in range(workers):
         queue.put(None)
-    procs = [ctx.Process(target=_worker, args=(queue, str(out), device, i + 1))
+    procs = [ctx.Process(target=_worker, args=(queue, str(out), device, i + 1, batched,
+                                               data_workers))
              for i in range(workers)]
     for p in procs:
         p.start()
@@ -557,7 +221,14 @@ def main(argv=None) -> None:
     parser.add_argument("--part", default=None, help="one part of the preset (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/PRESET)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--workers", type=int, default=1, help="concurrent runs on the device")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="concurrent runs (or, with --batched, cohorts) on the device")
+    parser.add_argument("--batched", action="store_true",
+                        help="train the runs that share an optimizer setting and a model shape "
+                             "as one batched model (ECD, AdamW, SGDM)")
+    parser.add_argument("--data-workers", type=int, default=0, metavar="N",
+                        help="processes that prefetch the training batches of each run or "
+                             "cohort (default 0: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
                              "(VALUE is read as JSON where it parses, else as a string; the "
@@ -574,6 +245,15 @@ def main(argv=None) -> None:
         return
     try:
         runs = [override(cfg, args.set) for cfg in select_runs(args.preset, args.part)]
+        names = [cfg.name for cfg in runs]
+        clashes = sorted({n for n in names if names.count(n) > 1})
+        if clashes:
+            raise ValueError(f"runs {clashes} would write the same result file: give them "
+                             "distinct tags or drop the --set that made them equal")
+        if args.batched:
+            cohorts(runs)  # refuses optimizers that do not batch, before any training
+        if args.workers < 1 or args.data_workers < 0:
+            raise ValueError("--workers must be >= 1 and --data-workers >= 0")
     except ValueError as e:
         parser.error(str(e))
     if args.list:
@@ -586,12 +266,15 @@ def main(argv=None) -> None:
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)  # before the process group: NCCL binds to it
+        if args.batched:
+            parser.error("--batched trains in one process: do not start it under torchrun")
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
         for cfg in runs:
             train(cfg, out, device)
         dist.destroy_process_group()
         return
-    run_many(runs, out, args.device, args.workers)
+    run_many(runs, out, args.device, args.workers, batched=args.batched,
+             data_workers=args.data_workers)
     print(f"results in {out}", file=sys.stderr)
 
 

@@ -26,10 +26,18 @@ import numpy as np
 __all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
            "seed_summary", "provenance_summary", "Table", "effects_table"]
 
+# The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
+# of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
+# only REQUIRED and HISTORY_KEYS.
 REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes",
             "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
             "provenance")
+RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
+                          "trained_with")
 HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
+# path length (ECD: steps x dt; None for other optimizers), distance |theta - theta_0| from the
+# initial weights, skipped steps so far
+HISTORY_EXTRA = ("path_length", "distance", "skipped_steps")
 
 
 def find_results(relative: str | Path, *, extra_roots=()) -> Path:

@@ -157,9 +157,12 @@ def test_a_result_or_checkpoint_of_other_settings_is_refused(tmp_path):
     train(tiny(steps=8), cut, stop_after=4)
     with pytest.raises(ValueError, match=r"ecd-bqv-prelu-s0\.pt holds run .*steps: 8 there, 9"):
         train(tiny(steps=9), cut)
-    ckpt_path = cut / "checkpoints" / "ecd-bqv-prelu-s0.pt"  # from before configs were saved
+    ckpt_path = cut / "checkpoints" / "ecd-bqv-prelu-s0.pt"  # as the one-run trainer wrote it
     ckpt = torch.load(ckpt_path, weights_only=False)
-    del ckpt["config"]
+    old = {"model": ckpt["weights"], "config": ckpt["configs"][0], "step": 4}
+    torch.save(old, ckpt_path)
+    with pytest.raises(ValueError, match="older format.*delete it"):
+        train(tiny(steps=8), cut)
     torch.save(ckpt, ckpt_path)
     assert train(tiny(steps=8), cut)["steps_done"] == 8
 
@@ -205,7 +208,7 @@ class _OffCPU:
 
 
 def test_random_states_are_moved_to_the_cpu_before_they_are_restored():
-    from gaugebook.experiment import _rng_state, _set_rng_state
+    from gaugebook.training import _rng_state, _set_rng_state
 
     state = _rng_state(torch.device("cpu"))
     expected = torch.rand(3)

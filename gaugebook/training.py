@@ -1,0 +1,688 @@
+"""The trainer: one run (:func:`train`) or several runs as one batched model
+(:func:`train_batched`), with checkpoints, exact resume and atomic result files.
+
+A *cohort* is the set of runs trained in one loop. Alone (one run) the model is the
+:class:`~gaugebook.gpt.GPT` itself, under any optimizer, DDP or ``torch.compile``. Batched,
+``R`` runs that share a :func:`~gaugebook.run_config.batch_key` keep their weights stacked along
+a leading run dimension (:func:`torch.func.stack_module_state`) and one vmapped forward and
+backward (:func:`torch.func.vmap` over :func:`torch.func.functional_call`) trains them all, each
+with its own seed, data stream, bias draws and optimizer state (ECD with ``members=R``: its own
+F, reductions and chaos). Both paths draw every random number a run uses in the same order from
+the same seeds, so a member of a batched cohort follows the trajectory of the run trained alone.
+
+The loop is cut into one function per job: :func:`_setup` (models, optimizer, generators),
+:func:`_resume` (a checkpoint), :func:`_step` (one optimizer step for every member),
+:func:`_measure` (losses, Noether charges, path length at an evaluation) and :func:`_results`
+(one JSON file per run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
+
+from gaugebook import mechanics
+from gaugebook.data import DefaultCorpus, evaluate_probes
+from gaugebook.gpt import GPT
+from gaugebook.optim import ECD, make_optimizer
+from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
+from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
+
+__all__ = ["train", "train_batched", "cohorts", "provenance", "write_json_atomic",
+           "optimizer_state_bytes"]
+
+
+# ----------------------------------------------------------------------------- files
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).parent, check=True).stdout.strip()
+
+
+def _cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux) and its number of cores."""
+    name = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name or 'cpu'} ({os.cpu_count()} cores)"
+
+
+def provenance(device: torch.device) -> dict:
+    """Where and with what a result was produced. ``git_dirty``: tracked files differed from the
+    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``)."""
+    device = torch.device(device)
+    try:
+        commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
+                                                            "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = os.environ.get("GAUGEBOOK_COMMIT", "unknown"), None
+    return {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "hostname_platform": platform.platform(),
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written result."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(payload, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _as_json(config: dict) -> dict:
+    """``config`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(config))
+
+
+def _check_same_config(cfg: RunConfig, stored: dict | None, path: Path) -> None:
+    """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
+    configuration; ``stored`` ``None`` (a checkpoint from before configs were saved) passes."""
+    if stored is None:
+        return
+    expected = _as_json(dataclasses.asdict(cfg))
+    stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
+    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here"
+                 for k in sorted(expected) if stored[k] != expected[k]]
+    if differing:
+        raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
+                         ": write to another --out, or give this run a tag (--set tag=...)")
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes held in tensors of the optimizer's per-parameter state, including tensors kept in
+    lists or dicts (SOAP's preconditioners); scalar step counters are not counted."""
+    def size(value) -> int:
+        if torch.is_tensor(value):
+            return value.numel() * value.element_size() if value.ndim > 0 else 0
+        if isinstance(value, (list, tuple)):
+            return sum(size(v) for v in value)
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        return 0
+
+    return sum(size(state) for state in optimizer.state.values())
+
+
+# ----------------------------------------------------------------------------- random state
+
+def _rng_state(device) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device) -> None:
+    """Restore :func:`_rng_state` (torch wants its generator states as CPU byte tensors)."""
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def _rank_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+# ----------------------------------------------------------------------------- one member
+
+@dataclass
+class _Member:
+    """One run of a cohort: its settings, data, model (for measurements), random draws and
+    record."""
+
+    cfg: RunConfig
+    corpus: DefaultCorpus
+    model: GPT
+    bias_generator: torch.Generator
+    chaos_seed: int
+    init_velocity: list[torch.Tensor] | None
+    val_batches: list | None = None
+    history: dict = field(default_factory=lambda: {k: [] for k in HISTORY_KEYS + HISTORY_EXTRA})
+
+
+def _member(cfg: RunConfig, device: torch.device) -> _Member:
+    """Build a run's model and draw its random numbers, in one fixed order from its seed: model
+    initialisation, the seed of its bias draws, ECD's chaos seed, SGDM's initial velocity."""
+    torch.manual_seed(cfg.seed)
+    corpus = DefaultCorpus(seed=cfg.seed)
+    model = GPT(cfg.model_config(corpus.vocab_size)).to(device)
+    bias_generator = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, ())))
+    chaos_seed = int(torch.randint(0, 2**62, ()))
+    std = cfg.optimizer_hp.get("init_velocity_std", 0.0)
+    init_velocity = [std * torch.randn(p.shape).to(device) for p in model.parameters()] \
+        if std else None
+    return _Member(cfg, corpus, model, bias_generator, chaos_seed, init_velocity)
+
+
+def _optimizer_hp(cfg: RunConfig, model: GPT, params: dict[str, torch.Tensor]) -> dict:
+    """``optimizer_hp`` for :func:`make_optimizer`: ECD's named partition becomes its blocks."""
+    hp = {k: v for k, v in cfg.optimizer_hp.items() if k not in ("partition", "init_velocity_std")}
+    if cfg.optimizer_hp.get("partition") == "gpt2":
+        hp["blocks"] = [[params[n] for n in group] for group in model.gpt2_tensors()]
+    return hp
+
+
+# ----------------------------------------------------------------------------- the cohort
+
+@dataclass
+class _Cohort:
+    """What the loop trains: ``R`` members, the tensors the optimizer moves and the loss of a
+    step (``[R]`` batched, a scalar alone)."""
+
+    members: list[_Member]
+    device: torch.device
+    batched: bool
+    params: dict[str, torch.Tensor]  # name -> parameter (alone) or stacked [R, ...] (batched)
+    optimizer: object
+    loss: object  # (x, y, draws) -> loss
+    init: dict[str, torch.Tensor]  # the parameters at step 0, for the distance travelled
+    step: int = 0
+    elapsed: float = 0.0
+    tokens: int = 0
+    window: torch.Tensor | None = None  # summed training losses since the last measurement
+    window_start: int = 0
+    ckpt_path: Path | None = None
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.members[0].cfg
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16,
+                              enabled=self.cfg.autocast_bf16)
+
+    def member_params(self, r: int) -> dict[str, torch.Tensor]:
+        return {n: p[r] for n, p in self.params.items()} if self.batched else self.params
+
+    def sync_member(self, r: int) -> GPT:
+        """Member ``r``'s model holding its current weights (batched: copied from the stack)."""
+        model = self.members[r].model
+        if self.batched:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(self.params[name][r])
+        return model
+
+
+def _batched_loss(base: GPT, device: torch.device):
+    """``(params [R, ...], x [R, B, T], y, (b_Q [R, L, dk], b_V [R, L, dv])) -> [R]``: one
+    vmapped forward of ``base`` (a model with query and value biases, so that every member's
+    draws, zeros where a member has none, enter the same graph)."""
+    def one(params, x, y, query, value):
+        return functional_call(base, params, (x, y), {"bias_draws": (query, value)})[1]
+
+    batched = vmap(one)
+    if device.type != "cpu":
+        return batched
+
+    def on_cpu(*args):  # the CPU's fused attention kernel has no vmap rule; the math one has
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            return batched(*args)
+    return on_cpu
+
+
+def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohort:
+    """Members, the optimizer over their parameters (stacked when batched), and the loss."""
+    members = [_member(cfg, device) for cfg in cfgs]
+    cfg, world = cfgs[0], _rank_world()[1]
+    if not batched:
+        model = members[0].model
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        train_model = model
+        if world > 1:
+            train_model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        if cfg.compile:
+            train_model = torch.compile(train_model)
+
+        def loss(x, y, draws):
+            return train_model(x, y, bias_draws=draws[0])[1]
+    else:
+        stacked, _ = stack_module_state([m.model for m in members])
+        params = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
+        base_cfg = dataclasses.replace(members[0].model.config, symmetry_breaking="bqv", mu_v=0.0)
+        base = GPT(base_cfg).to(device)
+        batched_loss = _batched_loss(base, device)
+        if cfg.compile:
+            batched_loss = torch.compile(batched_loss)
+
+        def loss(x, y, draws):
+            return batched_loss(params, x, y, *draws)
+    hp = _optimizer_hp(cfg, members[0].model, params)
+    if cfg.optimizer == "ecd":
+        hp["chaos_seeds"] = [m.chaos_seed for m in members]
+        if batched:
+            hp["members"] = len(members)
+    if cfg.optimizer == "muon":
+        tensors = list(params.items())  # Muon routes by name
+    else:
+        tensors = list(params.values())
+    optimizer = make_optimizer(cfg.optimizer, tensors, **hp)
+    if members[0].init_velocity is not None:  # SGDM's random initial momentum buffers
+        for i, p in enumerate(params.values()):
+            v = [m.init_velocity[i] for m in members]
+            optimizer.state[p]["momentum_buffer"] = torch.stack(v) if batched else v[0]
+    init = {n: p.detach().clone() for n, p in params.items()}
+    return _Cohort(members, device, batched, params, optimizer, loss, init)
+
+
+def _checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
+    if not batched:
+        return out / "checkpoints" / f"{cfgs[0].name}.pt"
+    names = ",".join(c.name for c in cfgs)
+    return out / "checkpoints" / f"batch-{hashlib.sha1(names.encode()).hexdigest()[:12]}.pt"
+
+
+def _save_checkpoint(cohort: _Cohort) -> None:
+    cohort.ckpt_path.parent.mkdir(exist_ok=True)
+    weights = (cohort.members[0].model.state_dict() if not cohort.batched
+               else {n: p.detach() for n, p in cohort.params.items()})
+    _save_atomic({"weights": weights, "optimizer": cohort.optimizer.state_dict(),
+                  "step": cohort.step, "elapsed": cohort.elapsed, "tokens": cohort.tokens,
+                  "histories": [m.history for m in cohort.members],
+                  "window": (cohort.window, cohort.window_start), "init": cohort.init,
+                  "rng": _rng_state(cohort.device),
+                  "bias_generators": [m.bias_generator.get_state() for m in cohort.members],
+                  "configs": [dataclasses.asdict(m.cfg) for m in cohort.members]},
+                 cohort.ckpt_path)
+
+
+def _resume(cohort: _Cohort) -> None:
+    """Continue from the cohort's checkpoint, if there is one (settings checked)."""
+    path = cohort.ckpt_path
+    if not path.exists():
+        return
+    # on the CPU: random states must stay there; load_state_dict moves the rest
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if "configs" not in ckpt:
+        raise ValueError(f"{path} is a checkpoint of an older format (before batched training): "
+                         "delete it to restart this run from step 0")
+    configs = ckpt["configs"]
+    if len(configs) != len(cohort.members):
+        raise ValueError(f"{path} holds a cohort of {len(configs)} runs, this one has "
+                         f"{len(cohort.members)}: write to another --out")
+    for m, stored in zip(cohort.members, configs):
+        _check_same_config(m.cfg, stored, path)
+    with torch.no_grad():
+        if cohort.batched:
+            for n, p in cohort.params.items():
+                p.copy_(ckpt["weights"][n])
+        else:
+            cohort.members[0].model.load_state_dict(ckpt["weights"])
+        for n, p in ckpt["init"].items():
+            cohort.init[n].copy_(p)
+    cohort.optimizer.load_state_dict(ckpt["optimizer"])
+    cohort.step, cohort.elapsed, cohort.tokens = ckpt["step"], ckpt["elapsed"], ckpt["tokens"]
+    for m, history, state in zip(cohort.members, ckpt["histories"], ckpt["bias_generators"]):
+        m.history = history
+        m.bias_generator.set_state(state)
+    window, cohort.window_start = ckpt["window"]
+    cohort.window = None if window is None else window.to(cohort.device)
+    _set_rng_state(ckpt["rng"], cohort.device)
+
+
+def _draws(cohort: _Cohort, train: bool):
+    """The symmetry-breaking biases of one forward pass: each member's training draw from its
+    own generator (``train``) or its means; batched, stacked, with zeros where a member has none."""
+    per_member = []
+    for m in cohort.members:
+        if train:
+            per_member.append(m.model.draw_biases(m.bias_generator))
+        else:
+            per_member.append(None)  # eval mode: the layers use their means
+    if not cohort.batched:
+        return per_member
+    cfg = cohort.members[0].model.config
+    L, dk = cfg.n_layer, cfg.head_size
+    query, value = [], []
+    for m, draw in zip(cohort.members, per_member):
+        if not train and m.model.blocks[0].breaking is not None:
+            b = m.model.blocks[0].breaking
+            draw = (b.q_mean.expand(L, dk), None if b.mode == "bq" else b.v_mean.expand(L, dk))
+        q, v = (None, None) if draw is None else draw
+        zeros = torch.zeros(L, dk, device=cohort.device)
+        query.append(zeros if q is None else q)
+        value.append(zeros if v is None else v)
+    return torch.stack(query), torch.stack(value)
+
+
+class _TrainBatches(torch.utils.data.Dataset):
+    """Training batch ``index`` of every member, ``x, y [R, B, T]`` (a pure function of the
+    seeds and the index, so worker processes can prefetch it and a resumed run reads on)."""
+
+    def __init__(self, seeds: list[int], batch_size: int, block_size: int):
+        self.seeds, self.batch_size, self.block_size = seeds, batch_size, block_size
+        self._corpora = None  # built in the process that reads (a worker has its own)
+
+    def __len__(self) -> int:
+        return 2**62
+
+    def __getitem__(self, index: int):
+        if self._corpora is None:
+            self._corpora = [DefaultCorpus(seed=s) for s in self.seeds]
+        pairs = [c.batch(index, self.batch_size, self.block_size)[:2] for c in self._corpora]
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+
+def _train_batches(cohort: _Cohort, workers: int):
+    """Iterator over the training batches from the cohort's step on, prefetched by ``workers``
+    processes (0: in this process), pinned for an asynchronous copy to a GPU."""
+    cfg = cohort.cfg
+    data = _TrainBatches([m.cfg.seed for m in cohort.members], cfg.batch_size, cfg.block_size)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=None, sampler=range(cohort.step, cfg.steps), num_workers=workers,
+        pin_memory=cohort.device.type == "cuda", prefetch_factor=8 if workers else None)
+    rank, world = _rank_world()
+    local = cfg.batch_size // world
+    for x, y in loader:
+        x, y = (t.to(cohort.device, non_blocking=True) for t in (x, y))
+        if not cohort.batched:  # one member; under DDP this rank's share of the batch
+            x, y = x[0, rank * local:(rank + 1) * local], y[0, rank * local:(rank + 1) * local]
+        yield x, y
+
+
+def _step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One optimizer step of every member on ``x, y``; the training loss is summed on the
+    device."""
+    draws = _draws(cohort, train=True)
+    optimizer = cohort.optimizer
+
+    def closure():
+        optimizer.zero_grad(set_to_none=True)
+        with cohort.autocast():
+            loss = cohort.loss(x, y, draws)
+        (loss.sum() if cohort.batched else loss).backward()
+        return loss
+
+    loss = optimizer.step(closure).detach().float()
+    cohort.window = loss if cohort.window is None else cohort.window + loss  # no sync per step
+    cohort.step += 1
+    cohort.tokens += cohort.cfg.batch_size * cohort.cfg.block_size
+
+
+def _evaluate(cohort: _Cohort, r: int) -> float:
+    """Member ``r``'s mean validation loss over ``eval_batches`` fixed held-out batches (eval
+    mode: mean biases)."""
+    model, cfg = cohort.sync_member(r), cohort.cfg
+    member = cohort.members[r]
+    if member.val_batches is None:  # the same held-out batches at every evaluation
+        member.val_batches = [member.corpus.batch(i, cfg.batch_size, cfg.block_size, split="val",
+                                                  device=cohort.device)[:2]
+                              for i in range(cfg.eval_batches)]
+    model.eval()
+    with torch.no_grad(), cohort.autocast():
+        losses = [model(x, y)[1].float().item() for x, y in member.val_batches]
+    model.train()
+    return float(np.mean(losses))
+
+
+def _charge_norms(model: GPT, velocity: dict) -> dict:
+    """Mean Frobenius norm of the Noether charges J_QK, J_VO per layer, with the last step's
+    parameter change as the velocity (optimizer-agnostic)."""
+    sectors = mechanics.charges(model, velocity).values()
+    return {"J_QK": float(np.mean([s.qk_norm.mean().item() for s in sectors])),
+            "J_VO": float(np.mean([s.vo_norm.mean().item() for s in sectors]))}
+
+
+def _norm(tensors) -> float:
+    return math.sqrt(math.fsum(float(t.double().square().sum()) for t in tensors))
+
+
+def _check_finite(cohort: _Cohort, r: int) -> None:
+    for name, p in cohort.member_params(r).items():
+        if not torch.isfinite(p).all():
+            raise FloatingPointError(f"{cohort.members[r].cfg.name}: parameter {name} is not "
+                                     f"finite after step {cohort.step}")
+
+
+def _measure(cohort: _Cohort, before: dict, start: float) -> None:
+    """Append one evaluation to every member's history: mean training loss since the last one,
+    validation loss, charges of the last step, path length (ECD: steps x dt), distance from the
+    initial weights, skipped steps."""
+    window = cohort.window
+    if _rank_world()[1] > 1:
+        dist.all_reduce(window)
+        window /= _rank_world()[1]
+    train_losses = (window / (cohort.step - cohort.window_start)).reshape(-1).tolist()
+    skipped = getattr(cohort.optimizer, "skipped_steps", 0)
+    moved = getattr(cohort.optimizer, "steps", None)
+    for r, m in enumerate(cohort.members):
+        if not math.isfinite(train_losses[r]):
+            raise FloatingPointError(f"{m.cfg.name}: non-finite training loss before step "
+                                     f"{cohort.step}")
+        _check_finite(cohort, r)
+        now = cohort.member_params(r)
+        velocity = {n: now[n].detach() - (before[n][r] if cohort.batched else before[n])
+                    for n in now}
+        charges = _charge_norms(cohort.sync_member(r), velocity)
+        init = {n: (t[r] if cohort.batched else t) for n, t in cohort.init.items()}
+        path = None
+        if m.cfg.optimizer == "ecd":
+            hp = m.cfg.optimizer_hp
+            moved_r = moved[r] if isinstance(moved, list) else moved
+            path = moved_r * hp["lr"] / math.sqrt(hp["eta"])
+        record = {"step": cohort.step, "train_loss": train_losses[r],
+                  "val_loss": _evaluate(cohort, r), **charges,
+                  "wall_s": time.perf_counter() - start, "path_length": path,
+                  "distance": _norm(now[n].detach() - init[n] for n in now),
+                  "skipped_steps": skipped[r] if isinstance(skipped, list) else skipped}
+        for key, value in record.items():
+            m.history[key].append(value)
+    cohort.window, cohort.window_start = None, cohort.step
+
+
+def _out_of_time(cfg: RunConfig, start: float, device, world: int) -> bool:
+    """Whether ``max_wall_s`` has passed since ``start``, by rank 0's clock (all ranks agree)."""
+    if cfg.max_wall_s is None:
+        return False
+    over = time.perf_counter() - start > cfg.max_wall_s
+    if world > 1:
+        flag = torch.tensor(float(over), device=device)
+        dist.broadcast(flag, src=0)
+        over = bool(flag.item())
+    return over
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak allocated device memory on CUDA; on the CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _results(cohort: _Cohort, wall: float) -> list[dict]:
+    """One result record per member (the schema :data:`gaugebook.results.RESULT_KEYS`)."""
+    names = [m.cfg.name for m in cohort.members]
+    state_bytes = optimizer_state_bytes(cohort.optimizer) // len(cohort.members)
+    peak, origin = _peak_memory(cohort.device), provenance(cohort.device)
+    records = []
+    for r, m in enumerate(cohort.members):
+        model = cohort.sync_member(r)
+        model.eval()
+        probes = evaluate_probes(model, m.corpus.tokenizer, n_per_task=m.cfg.probe_instances,
+                                 device=cohort.device)
+        skipped = getattr(cohort.optimizer, "skipped_steps", 0)
+        record = {
+            "name": m.cfg.name,
+            "config": dataclasses.asdict(m.cfg),
+            "steps_done": cohort.step,
+            "truncated": cohort.step < m.cfg.steps,
+            "history": m.history,
+            "final_val_loss": m.history["val_loss"][-1] if m.history["val_loss"] else None,
+            "probes": probes,
+            "optimizer_state_bytes": state_bytes,
+            "n_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "init_norm": _norm(t[r] if cohort.batched else t for t in cohort.init.values()),
+            "skipped_steps": skipped[r] if isinstance(skipped, list) else skipped,
+            "wall_s": wall,
+            "tokens": cohort.tokens,
+            "tokens_per_s": cohort.tokens / wall,
+            "peak_memory_bytes": peak,
+            "trained_with": names if cohort.batched else [],
+            "provenance": origin,
+        }
+        assert set(record) == set(RESULT_KEYS), set(record) ^ set(RESULT_KEYS)
+        records.append(record)
+    return records
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
+    found = {}
+    for cfg in cfgs:
+        path = out / f"{cfg.name}.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            _check_same_config(cfg, result.get("config"), path)
+            found[cfg.name] = result
+    return found
+
+
+def _train(cfgs: list[RunConfig], out: Path, device, batched: bool, *, position: int,
+           stop_after: int | None, progress: bool, data_workers: int) -> list[dict] | None:
+    device = torch.device(device)
+    rank, world = _rank_world()
+    out.mkdir(parents=True, exist_ok=True)
+    done = _existing_results(cfgs, out)
+    todo = [cfg for cfg in cfgs if cfg.name not in done]
+    if not todo:
+        return [done[cfg.name] for cfg in cfgs]
+    cfg = todo[0]
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
+    cohort = _setup(todo, device, batched)
+    cohort.ckpt_path = _checkpoint_path(out, todo, batched)
+    _resume(cohort)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter() - cohort.elapsed
+    label = cfg.name if not batched else f"{len(todo)} runs ({cfg.optimizer}, batched)"
+    bar = tqdm(total=cfg.steps, initial=cohort.step, desc=label, position=position,
+               leave=position == 0, disable=rank != 0 or not progress, dynamic_ncols=True)
+    final, batches = False, _train_batches(cohort, data_workers)
+    while not final:
+        # the last step: the planned one, or the one in progress when the time budget runs out
+        final = cohort.step + 1 >= cfg.steps or _out_of_time(cfg, start, device, world)
+        measure = (cohort.step + 1) % cfg.eval_every == 0 or final
+        before = {n: p.detach().clone() for n, p in cohort.params.items()} if measure else None
+        _step(cohort, *next(batches))
+        bar.update(1)
+        if measure:
+            _measure(cohort, before, start)
+            bar.set_postfix(val=f"{min(m.history['val_loss'][-1] for m in cohort.members):.3f}")
+        cohort.elapsed = time.perf_counter() - start
+        if rank == 0 and cohort.step % cfg.checkpoint_every == 0 and not final:
+            _save_checkpoint(cohort)
+        if stop_after is not None and cohort.step >= stop_after:
+            bar.close()
+            return None
+    bar.close()
+    records = _results(cohort, time.perf_counter() - start)
+    if rank == 0:
+        for record in records:
+            write_json_atomic(out / f"{record['name']}.json", record)
+            (out / f"{record['name']}.error.json").unlink(missing_ok=True)  # an earlier failure
+        cohort.ckpt_path.unlink(missing_ok=True)
+    done.update({r["name"]: r for r in records})
+    return [done[cfg.name] for cfg in cfgs]
+
+
+def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
+          position: int = 0, stop_after: int | None = None, progress: bool = True,
+          data_workers: int = 0) -> dict | None:
+    """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
+    by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
+    progress bar; ``data_workers`` processes prefetch the training batches (0: none).
+
+    An existing result or checkpoint of the same name must hold the same configuration
+    (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by
+    ``max_wall_s`` is evaluated at its last step (``truncated``: true). ``peak_memory_bytes`` is
+    the peak of allocated device memory on CUDA; on the CPU it is the process's peak resident set
+    size since it started (everything the process did, not only this run)."""
+    results = _train([cfg], Path(out), device, False, position=position, stop_after=stop_after,
+                     progress=progress, data_workers=data_workers)
+    return None if results is None else results[0]
+
+
+def train_batched(cfgs: list[RunConfig], out: Path, device: torch.device | str = "cpu", *,
+                  position: int = 0, stop_after: int | None = None, progress: bool = True,
+                  data_workers: int = 0) -> list[dict] | None:
+    """Train ``cfgs`` as one batched model and write one ``<out>/<name>.json`` per run, the
+    records :func:`train` would write (``trained_with`` names the cohort). The runs must share
+    a :func:`~gaugebook.run_config.batch_key` and an optimizer that batches (ECD, AdamW, SGDM);
+    the checkpoint ``<out>/checkpoints/batch-<hash>.pt`` holds the whole cohort. Runs whose result
+    exists are not retrained."""
+    cfgs = list(cfgs)
+    if not cfgs:
+        raise ValueError("train_batched needs at least one run")
+    names = [c.name for c in cfgs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"runs of one cohort need distinct names, got {names}")
+    if cfgs[0].optimizer not in BATCHABLE_OPTIMIZERS:
+        raise ValueError(f"--batched trains {BATCHABLE_OPTIMIZERS} only ({cfgs[0].optimizer} "
+                         "acts on whole matrices): run these runs without --batched")
+    keys = [dict(batch_key(c)) for c in cfgs]
+    differing = sorted(k for k in keys[0] if any(key[k] != keys[0][k] for key in keys))
+    if differing:
+        raise ValueError(f"runs of one batched model must share everything but seed, symmetry, "
+                         f"mu_v, prelu_init and tag; these differ: {differing}")
+    if _rank_world()[1] > 1:
+        raise ValueError("--batched runs in one process: do not start it under torchrun")
+    return _train(cfgs, Path(out), device, True, position=position, stop_after=stop_after,
+                  progress=progress, data_workers=data_workers)
+
+
+def cohorts(runs: list[RunConfig]) -> list[list[RunConfig]]:
+    """``runs`` grouped for :func:`train_batched`: runs with one batch key, in order of first
+    appearance; runs of an optimizer that does not batch are refused."""
+    groups: dict[tuple, list[RunConfig]] = {}
+    for cfg in runs:
+        if cfg.optimizer not in BATCHABLE_OPTIMIZERS:
+            raise ValueError(f"--batched trains {BATCHABLE_OPTIMIZERS} only; {cfg.name} uses "
+                             f"{cfg.optimizer}: run it without --batched")
+        groups.setdefault(batch_key(cfg), []).append(cfg)
+    return list(groups.values())
+

@@ -1,0 +1,136 @@
+"""Batched training: every member of a batched cohort is the run trained alone."""
+import json
+
+import pytest
+import torch
+
+from gaugebook.experiment import RunConfig, main, select_runs, train, train_batched
+from gaugebook.training import cohorts
+
+HP = {"ecd-global": ("ecd", dict(lr=1.0, eta=100.0, F0=1.0, nu=0.1)),
+      "ecd-pt": ("ecd", dict(lr=1.0, eta=100.0, F0=1.0, projection="per_tensor",
+                             partition="gpt2")),
+      "adamw": ("adamw", dict(lr=3e-3, weight_decay=0.1)),
+      "sgdm": ("sgdm", dict(lr=0.03, init_velocity_std=0.1))}
+
+
+def member(arm: str, symmetry: str, seed: int, **changes) -> RunConfig:
+    optimizer, hp = HP[arm]
+    base = dict(optimizer=optimizer, symmetry=symmetry, seed=seed, n_layer=2, n_head=2, n_embd=16,
+                block_size=32, batch_size=4, steps=60, eval_every=10, eval_batches=1,
+                probe_instances=4, checkpoint_every=50, optimizer_hp=dict(hp),
+                mu_v=0.5 if symmetry == "bqv" else 0.0, prelu_init="paper")
+    return RunConfig(**{**base, **changes})
+
+
+def weights_at_checkpoint(out, name):
+    return torch.load(out / "checkpoints" / name, weights_only=False)["weights"]
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("arm", ["ecd-global", "ecd-pt", "adamw", "sgdm"])
+def test_each_member_follows_its_run_trained_alone(tmp_path, float64, arm):
+    """Float64: after 50 steps the stacked weights of every member equal the weights of the run
+    trained alone to 1e-10, and so do their recorded histories."""
+    cfgs = [member(arm, "symmetric", 0), member(arm, "bqv", 1), member(arm, "bq", 2)]
+    assert train_batched(cfgs, tmp_path / "batched", stop_after=50, progress=False) is None
+    (ckpt,) = (tmp_path / "batched" / "checkpoints").glob("batch-*.pt")
+    stacked = weights_at_checkpoint(tmp_path / "batched", ckpt.name)
+    for r, cfg in enumerate(cfgs):
+        assert train(cfg, tmp_path / "alone", stop_after=50, progress=False) is None
+        alone = weights_at_checkpoint(tmp_path / "alone", f"{cfg.name}.pt")
+        for name, w in stacked.items():
+            assert (w[r] - alone[name]).abs().max() < 1e-10, (cfg.name, name)
+    batched = train_batched(cfgs, tmp_path / "batched", progress=False)
+    for cfg, result in zip(cfgs, batched):
+        single = train(cfg, tmp_path / "alone", progress=False)
+        assert result["trained_with"] == [c.name for c in cfgs] and single["trained_with"] == []
+        for key in ("train_loss", "val_loss", "J_QK", "J_VO", "distance"):
+            a, b = result["history"][key], single["history"][key]
+            # relative, with a floor: ECD keeps a symmetric run's charges at round-off (1e-16)
+            assert max(abs(x - y) / max(abs(y), 1e-3) for x, y in zip(a, b)) < 1e-10, \
+                (cfg.name, key)
+        assert result["probes"]["mean"]["loss"] == pytest.approx(
+            single["probes"]["mean"]["loss"], rel=1e-10)
+        assert result["history"]["skipped_steps"] == single["history"]["skipped_steps"]
+
+
+def test_batched_cpu_smoke_gives_the_histories_of_separate_runs(tmp_path):
+    """float32, the command line: within 1e-4 relative."""
+    main(["--preset", "cpu-smoke", "--out", str(tmp_path / "one"), "--device", "cpu"])
+    main(["--preset", "cpu-smoke", "--out", str(tmp_path / "all"), "--device", "cpu",
+          "--batched"])
+    for path in sorted((tmp_path / "one").glob("*.json")):
+        one, batched = (json.loads(p.read_text()) for p in (path, tmp_path / "all" / path.name))
+        assert len(batched["trained_with"]) == 2
+        for key in ("train_loss", "val_loss"):
+            for x, y in zip(batched["history"][key], one["history"][key]):
+                assert abs(x - y) <= 1e-4 * abs(y), (path.name, key)
+
+
+@pytest.mark.parametrize("arm", ["ecd-pt", "adamw"])
+def test_batched_resume_equals_uninterrupted(tmp_path, arm):
+    cfgs = [member(arm, "symmetric", 0, steps=24, checkpoint_every=8),
+            member(arm, "bqv", 1, steps=24, checkpoint_every=8)]
+    full = train_batched(cfgs, tmp_path / "full", progress=False)
+    assert train_batched(cfgs, tmp_path / "cut", stop_after=11, progress=False) is None
+    resumed = train_batched(cfgs, tmp_path / "cut", progress=False)
+    for a, b in zip(full, resumed):
+        assert a["history"]["val_loss"] == b["history"]["val_loss"]
+        assert a["history"]["train_loss"] == b["history"]["train_loss"]
+        assert a["probes"] == b["probes"]
+    assert not list((tmp_path / "cut" / "checkpoints").glob("*.pt"))
+
+
+def test_what_cannot_be_batched_is_refused_with_the_fix(tmp_path, capsys):
+    with pytest.raises(ValueError, match="soap acts on whole matrices.*without --batched"):
+        train_batched([member("adamw", "symmetric", 0, optimizer="soap",
+                              optimizer_hp=dict(lr=1e-3))], tmp_path)
+    with pytest.raises(ValueError, match="these differ: .*n_embd"):
+        train_batched([member("adamw", "symmetric", 0), member("adamw", "bqv", 1, n_embd=32)],
+                      tmp_path)
+    with pytest.raises(ValueError, match="these differ: .*optimizer_hp"):
+        train_batched([member("adamw", "symmetric", 0),
+                       member("adamw", "bqv", 1, optimizer_hp=dict(lr=1e-2))], tmp_path)
+    with pytest.raises(ValueError, match="distinct names"):
+        train_batched([member("adamw", "symmetric", 0)] * 2, tmp_path)
+    with pytest.raises(SystemExit):
+        main(["--preset", "gpu", "--part", "seed0", "--batched", "--out", str(tmp_path)])
+    assert "soap" in capsys.readouterr().err
+    groups = cohorts(select_runs("paper"))
+    assert [len(g) for g in groups] == [9, 6, 6]  # ECD per-tensor, ECD global, AdamW
+
+
+def test_bad_ecd_projection_settings_name_the_fix():
+    with pytest.raises(ValueError, match="needs a partition: set optimizer_hp.partition to 'gpt2'"):
+        member("ecd-pt", "symmetric", 0, optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0,
+                                                            projection="per_tensor"))
+    with pytest.raises(ValueError, match="unknown ECD projection 'per_layer'"):
+        member("ecd-pt", "symmetric", 0, optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0,
+                                                            projection="per_layer"))
+    with pytest.raises(ValueError, match="partition is for projection='per_tensor'"):
+        member("ecd-global", "symmetric", 0, optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0,
+                                                                partition="gpt2"))
+
+
+def test_paper_preset_is_the_registered_protocol():
+    runs = select_runs("paper")
+    assert len(runs) == 21 and len({r.name for r in runs}) == 21
+    for r in runs:
+        assert (r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size) == (6, 6, 384, 256, 8)
+        assert r.steps >= 20_000 and r.prelu_init == "paper" and r.eval_every == 500
+        assert r.eval_batches == 16 and r.mu_v == (0.5 if r.symmetry == "bqv" else 0.0)
+    arms = {(r.optimizer, r.optimizer_hp.get("projection", "global"), r.symmetry) for r in runs}
+    assert arms == {("ecd", "per_tensor", s) for s in ("symmetric", "bq", "bqv")} \
+        | {("ecd", "global", s) for s in ("symmetric", "bqv")} \
+        | {("adamw", "global", s) for s in ("symmetric", "bqv")}
+    ecd = next(r for r in runs if r.optimizer == "ecd")
+    assert ecd.optimizer_hp["F0"] == 2.0 and ecd.optimizer_hp["lr"] / ecd.optimizer_hp["eta"] ** .5 \
+        == pytest.approx(0.1)
