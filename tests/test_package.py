@@ -34,10 +34,11 @@ def test_citation_and_changelog_name_the_version_and_its_date():
     assert f"[{VERSION}]: https://github.com/gaugebook/gaugebook/releases/tag/v{VERSION}" in changelog
 
 
-def test_readme_installs_the_release_tag():
+def test_readme_installs_and_links_the_release_tag():
     readme = (ROOT / "README.md").read_text()
-    tags = set(re.findall(r"github\.com/gaugebook/gaugebook@(v[\w.]+)", readme))
-    assert tags == {f"v{VERSION}"}, tags
+    installs = set(re.findall(r"github\.com/gaugebook/gaugebook@(v[\w.]+)", readme))
+    links = set(re.findall(r"github/gaugebook/gaugebook/blob/(v[\w.]+)/", readme))
+    assert installs == links == {f"v{VERSION}"}, (installs, links)
 
 
 def test_py_typed_is_shipped():
