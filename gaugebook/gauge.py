@@ -290,12 +290,13 @@ def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]
 
 def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
-    """A random ``M [d_head, d_head]`` that commutes with every RoPE rotation ``R_t``.
+    """A random ``M [d_head, d_head]`` that commutes with every RoPE rotation ``R_t``: a
+    combination of the basis of :func:`gaugebook.lie.rope_commutant_basis`.
 
-    On plane ``(i, i + r/2)`` it is ``rho (cos phi I + sin phi J)`` (a complex scalar; ``phi = 0``
-    and ``rho`` of either sign for gated RoPE, whose coordinate-wise gates forbid the rotation);
-    on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one for gated
-    RoPE). Condition number ``cond``.
+    On plane ``(i, i + r/2)`` it is ``rho (cos phi S_i + sin phi J_i)`` (a complex scalar;
+    ``phi = 0`` and ``rho`` of either sign for gated RoPE, whose coordinate-wise gates forbid the
+    rotation); on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one
+    for gated RoPE). Condition number ``cond``.
     """
     if not (isinstance(rotary_dim, int) and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
         raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
@@ -303,23 +304,21 @@ def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: 
     half, rest = rotary_dim // 2, d_head - rotary_dim
     scales = spread(half + rest, cond, generator=generator)
     rho, s_rest = scales[:half], scales[half:]
-    M = torch.zeros(d_head, d_head, dtype=DTYPE)
-    i = torch.arange(half)
-    if gated:
-        sign = torch.randint(0, 2, (half,), generator=generator).to(DTYPE) * 2 - 1
-        M[i, i] = M[i + half, i + half] = sign * rho
-    else:
+
+    def signs(n):
+        return torch.randint(0, 2, (n,), generator=generator).to(DTYPE) * 2 - 1
+
+    if gated:  # coefficients of S_i, then of the diagonal units E_jj
+        planes, block = (signs(half) * rho)[:, None], signs(rest) * s_rest
+    else:  # coefficients of (S_i, J_i), then of the units E_jk of the unrotated block
         phi = 2 * torch.pi * torch.rand(half, generator=generator, dtype=DTYPE)
-        M[i, i] = M[i + half, i + half] = rho * torch.cos(phi)
-        M[i, i + half], M[i + half, i] = rho * torch.sin(phi), -rho * torch.sin(phi)
-    if rest and gated:  # coordinate-wise gates commute only with diagonal matrices
-        sign = torch.randint(0, 2, (rest,), generator=generator).to(DTYPE) * 2 - 1
-        M[rotary_dim:, rotary_dim:] = torch.diag(sign * s_rest)
-    elif rest:
-        block_cond = (s_rest.max() / s_rest.min()).item()
-        block = random_gl(rest, block_cond, generator=generator)
-        M[rotary_dim:, rotary_dim:] = block / torch.linalg.svdvals(block).max() * s_rest.max()
-    return M
+        planes = torch.stack([rho * torch.cos(phi), rho * torch.sin(phi)], dim=1)
+        block = torch.zeros(0, dtype=DTYPE)
+        if rest:
+            G = random_gl(rest, (s_rest.max() / s_rest.min()).item(), generator=generator)
+            block = (G / torch.linalg.svdvals(G).max() * s_rest.max()).flatten()
+    coefficients = torch.cat([planes.flatten(), block])
+    return torch.einsum("k,kij->ij", coefficients, rope_commutant_basis(d_head, rotary_dim, gated))
 
 
 def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
