@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
-           "seed_summary", "provenance_summary", "Table", "effects_table"]
+           "seed_summary", "provenance_summary", "Table", "effects_table", "final_statistic",
+           "Decision", "decide", "decisions", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -74,6 +75,13 @@ class Run:
     history: dict
     data: dict
     path: Path | None = None
+    tag: str = ""
+
+    @property
+    def arm(self) -> str:
+        """The optimizer and its variant: ``"ecd-pt"``, ``"ecd-global"``, ``"adamw"``: the
+        optimizer, plus the run's tag when it has one."""
+        return f"{self.optimizer}-{self.tag}" if self.tag else self.optimizer
 
     @classmethod
     def from_dict(cls, data: dict, path: Path | None = None) -> "Run":
@@ -95,7 +103,7 @@ class Run:
         config = data["config"]
         return cls(name=data["name"], optimizer=config["optimizer"], symmetry=config["symmetry"],
                    activation=config["activation"], seed=int(config["seed"]),
-                   history=history, data=data, path=path)
+                   history=history, data=data, path=path, tag=config.get("tag", ""))
 
     def __getitem__(self, key: str):
         """``run["tokens_per_s"]`` etc.: a field of the JSON record."""
@@ -204,13 +212,14 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *, baseline: str = 
     run with the same optimizer, activation and seed.
 
     ``step=None`` uses, for each pair, the largest step both runs recorded. Returns records
-    ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}``, sorted;
+    ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}`` (``optimizer``
+    is the run's :attr:`Run.arm`, so tagged variants pair among themselves), sorted;
     broken runs without a baseline partner are left out.
     """
-    partners = {(r.optimizer, r.activation, r.seed): r for r in runs if r.symmetry == baseline}
+    partners = {(r.arm, r.activation, r.seed): r for r in runs if r.symmetry == baseline}
     out = []
     for run in runs:
-        partner = partners.get((run.optimizer, run.activation, run.seed))
+        partner = partners.get((run.arm, run.activation, run.seed))
         if run.symmetry == baseline or partner is None:
             continue
         if step is None:
@@ -221,7 +230,7 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *, baseline: str = 
         else:
             at = step
         value, base = run.at(at, key), partner.at(at, key)
-        out.append(dict(optimizer=run.optimizer, activation=run.activation, seed=run.seed,
+        out.append(dict(optimizer=run.arm, activation=run.activation, seed=run.seed,
                         symmetry=run.symmetry, step=at, baseline_value=base, value=value,
                         delta=value - base))
     return sorted(out, key=lambda d: (d["optimizer"], d["activation"], d["symmetry"], d["seed"]))
@@ -241,6 +250,72 @@ def seed_summary(records: list[dict], by=("optimizer", "activation", "symmetry")
         out.append({**dict(zip(by, key)), "n_seeds": n, "mean": float(np.mean(values)),
                     "std": float(np.std(values, ddof=1)) if n > 1 else None})
     return out
+
+
+LAST_EVALUATIONS = 5  # the statistic of the pre-registered rule: mean of the last 5 evaluations
+HELPS_BELOW = -0.1  # and mean Delta below this (with Delta < 0 in every seed)
+
+
+def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss") -> float:
+    """Mean of ``history[key]`` over the run's last ``last`` evaluations (ValueError with fewer)."""
+    values = run.history[key]
+    if len(values) < last:
+        raise ValueError(f"{run.name} recorded {len(values)} evaluations; the statistic needs "
+                         f"the last {last}")
+    return float(np.mean(values[-last:]))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The pre-registered rule (:data:`gaugebook.experiment.PAPER_DECISION`) applied to one arm
+    and one broken symmetry: ``deltas`` per seed (broken minus symmetric statistic), their mean,
+    a 95% t-interval of the mean, and ``helps``: every Delta < 0 and mean < ``HELPS_BELOW``."""
+
+    arm: str
+    symmetry: str
+    deltas: dict
+    mean: float
+    interval: tuple
+    helps: bool
+
+    def sentence(self) -> str:
+        """The verdict in one sentence."""
+        per_seed = ", ".join(f"{d:+.3f}" for d in self.deltas.values())
+        verdict = "helps" if self.helps else "does not meet the rule for helping"
+        return (f"{self.arm}, {self.symmetry}: breaking {verdict} (mean Delta {self.mean:+.3f}, "
+                f"95% t-interval [{self.interval[0]:+.3f}, {self.interval[1]:+.3f}], seeds "
+                f"{per_seed})")
+
+
+def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",
+           last: int = LAST_EVALUATIONS) -> Decision:
+    """Apply the pre-registered rule to ``arm`` (e.g. ``"ecd-pt"``), ``symmetry`` against
+    ``baseline``, pairing runs by seed; ValueError when a seed lacks its partner or fewer than
+    two seeds pair (no interval)."""
+    from scipy import stats
+
+    def by_seed(sym):
+        return {r.seed: r for r in runs if r.arm == arm and r.symmetry == sym}
+
+    broken, base = by_seed(symmetry), by_seed(baseline)
+    if not broken or set(broken) != set(base):
+        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
+                         f"{sorted(base)} do not pair")
+    if len(broken) < 2:
+        raise ValueError(f"{arm}, {symmetry}: one seed gives no interval; the rule needs >= 2")
+    deltas = {s: final_statistic(broken[s], last) - final_statistic(base[s], last)
+              for s in sorted(broken)}
+    values = np.array(list(deltas.values()))
+    mean, n = float(values.mean()), len(values)
+    half = float(stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n))
+    helps = bool((values < 0).all() and mean < HELPS_BELOW)
+    return Decision(arm, symmetry, deltas, mean, (mean - half, mean + half), helps)
+
+
+def decisions(runs: list[Run], *, baseline: str = "symmetric") -> list[Decision]:
+    """:func:`decide` for every (arm, broken symmetry) present in ``runs``, sorted."""
+    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != baseline})
+    return [decide(runs, arm, symmetry, baseline=baseline) for arm, symmetry in pairs]
 
 
 def provenance_summary(runs: list[Run]) -> dict[str, list]:

@@ -165,3 +165,49 @@ def test_find_results_searches_parents_and_extra_roots(tmp_path, monkeypatch):
     assert find_results("results/gpu/seed9", extra_roots=[tmp_path / "repo"]) == target
     with pytest.raises(FileNotFoundError, match="git clone"):
         find_results("results/gpu/seed8")
+
+
+# ---------- the pre-registered decision rule (preset `paper`) ----------
+
+def paper_record(arm, symmetry, seed, final):
+    """A run of ``arm`` whose last 5 evaluations average ``final`` (earlier ones higher)."""
+    optimizer, _, tag = arm.partition("-")
+    r = record(optimizer, symmetry, [500 * k for k in range(1, 9)], seed=seed)
+    r["history"]["val_loss"] = [final + 1.0, final + 0.5, final + 0.2,
+                                final - 0.02, final + 0.02, final - 0.01, final + 0.01, final]
+    r["config"]["tag"] = tag
+    r["name"] = f"{optimizer}-{symmetry}-prelu-s{seed}" + (f"-{tag}" if tag else "")
+    return r
+
+
+def test_the_decision_rule_on_synthetic_results(tmp_path):
+    from gaugebook.results import decide, decisions, final_statistic
+
+    records = []
+    for seed, (sym, bq, gl_sym, gl_bqv) in enumerate([(3.5, 3.3, 3.4, 3.38), (3.6, 3.35, 3.4, 3.5),
+                                                       (3.55, 3.4, 3.4, 3.35)]):
+        records += [paper_record("ecd-pt", "symmetric", seed, sym),
+                    paper_record("ecd-pt", "bq", seed, bq),
+                    paper_record("ecd-global", "symmetric", seed, gl_sym),
+                    paper_record("ecd-global", "bqv", seed, gl_bqv)]
+    runs = load_runs(write(tmp_path / "paper", *records))
+    assert final_statistic(runs[0]) == pytest.approx(
+        sum(runs[0].history["val_loss"][-5:]) / 5)
+    pt = decide(runs, "ecd-pt", "bq")
+    assert pt.deltas == pytest.approx({0: -0.2, 1: -0.25, 2: -0.15})
+    assert pt.mean == pytest.approx(-0.2) and pt.helps
+    half = 4.302653 * 0.05 / math.sqrt(3)  # t_{0.975, 2} * sd / sqrt(n)
+    assert pt.interval == pytest.approx((-0.2 - half, -0.2 + half), rel=1e-5)
+    gl = decide(runs, "ecd-global", "bqv")  # one seed positive: not "helps" whatever the mean
+    assert gl.deltas[1] > 0 and not gl.helps
+    assert [(d.arm, d.symmetry) for d in decisions(runs)] == [("ecd-global", "bqv"),
+                                                              ("ecd-pt", "bq")]
+    assert "helps (mean Delta -0.200" in pt.sentence()
+    small = load_runs(write(tmp_path / "small",
+                            *[paper_record("adamw", s, seed, 3.4 - 0.05 * (s == "bqv"))
+                              for seed in range(3) for s in ("symmetric", "bqv")]))
+    assert not decide(small, "adamw", "bqv").helps  # all negative, but mean -0.05 > -0.1
+    with pytest.raises(ValueError, match="do not pair"):
+        decide([r for r in runs if r.name != "ecd-bqv-prelu-s2-global"], "ecd-global", "bqv")
+    with pytest.raises(ValueError, match="last 5"):
+        final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
