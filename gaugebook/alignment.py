@@ -43,7 +43,7 @@ from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTran
 from gaugebook.gpt import GPT
 from gaugebook.gpt_gauge import HiddenPermutation, ResidualPermutation, residual_axes
 from gaugebook.lie import float64_parameters
-from gaugebook.linalg import DTYPE, random_gl
+from gaugebook.linalg import DTYPE, ZERO_RTOL, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
@@ -154,11 +154,11 @@ def align_factors(X_a: torch.Tensor, Y_a: torch.Tensor, X_b: torch.Tensor, Y_b: 
     linear = torch.as_tensor(scipy.linalg.solve_sylvester(  # scipy, on the CPU
         (X_b.T @ X_b).cpu().numpy(), (Y_a.T @ Y_a).cpu().numpy(), cross.cpu().numpy()),
         dtype=DTYPE, device=cross.device)
-    if torch.isfinite(linear).all() and torch.linalg.cond(linear) < 1e12:
+    if torch.isfinite(linear).all() and torch.linalg.cond(linear) < 1 / ZERO_RTOL:
         starts.append(linear)
     M = min(starts, key=lambda S: _pair_residual(S, X_a, Y_a, X_b, Y_b).item()).clone()
     scale = (X_a ** 2).sum() + (Y_a ** 2).sum()
-    if _pair_residual(M, X_a, Y_a, X_b, Y_b) <= 1e-24 * scale:
+    if _pair_residual(M, X_a, Y_a, X_b, Y_b) <= ZERO_RTOL ** 2 * scale:  # squared norms
         return M  # exact already
     M.requires_grad_(True)
     opt = torch.optim.LBFGS([M], max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-15,

@@ -267,7 +267,8 @@ def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
     d_head]`` (the group's query heads stacked, learned ``b_Q`` as an extra input row),
     ``K [n_kv, D + b, d_head]``, ``V [n_kv, D + b, d_value]`` (biases as a last row) and
     ``O [n_kv, d_value, G D]`` (the group's output matrices side by side). The QK and VO
-    transforms act on them as ``(Q, K) -> (Q M, K M^{-T})`` and ``(V, O^T) -> (V N, O^T N^{-T})``."""
+    transforms act on them as ``(Q, K) -> (Q M, K M^{-T})`` and
+    ``(V, O^T) -> (V N, O^T N^{-T})``."""
     def augmented(s):
         W = getattr(m, f"W_{s}").detach().to(DTYPE)
         return torch.cat([W, getattr(m, f"b_{s}").detach().to(DTYPE)[:, None]], 1) \

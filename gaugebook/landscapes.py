@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from gaugebook.optim import _finite, _number
+from gaugebook.checks import check_finite, check_number
 
 __all__ = ["rosenbrock", "multiwell", "sombrero", "angular_momentum", "leapfrog",
            "explicit_euler", "gradient_descent", "ECDPath", "ecd_kappa", "ecd_path",
@@ -167,9 +167,9 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
     _check_step(lr, steps)
     if steps < 1:
         raise ValueError("ecd_path needs at least one step")
-    eta = _number("eta", eta, low=0.0, strict=True)
-    nu = _number("nu", nu, low=0.0, strict=False)
-    F0 = _finite("F0", F0)
+    eta = check_number("eta", eta, low=0.0, strict=True)
+    nu = check_number("nu", nu, low=0.0, strict=False)
+    F0 = check_finite("F0", F0)
     x = torch.as_tensor(x0, dtype=torch.float64).clone()
     d = x.numel()
     kappa, dt = ecd_kappa(eta, d), lr / math.sqrt(eta)

@@ -93,8 +93,9 @@ class Factor:
         module = model.get_submodule(self.target)
         if not isinstance(module, self.acts_on):
             kinds = self.acts_on if isinstance(self.acts_on, tuple) else (self.acts_on,)
-            raise TypeError(f"{type(self).__name__} acts on {' or '.join(k.__name__ for k in kinds)},"
-                            f" but {self.target or 'the module'} is a {type(module).__name__}")
+            names = " or ".join(k.__name__ for k in kinds)
+            raise TypeError(f"{type(self).__name__} acts on {names}, but "
+                            f"{self.target or 'the module'} is a {type(module).__name__}")
         self.check(module)
         return module
 

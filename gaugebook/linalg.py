@@ -7,6 +7,10 @@ import math
 import torch
 
 DTYPE = torch.float64
+ZERO_RTOL = 1e-12
+"""A float64 quantity below ``ZERO_RTOL`` times its scale counts as zero where no rank
+tolerance (:func:`numerical_rank`) applies: about ``10^4 eps``, the round-off of a few thousand
+operations, and far above it for the book's sizes."""
 
 
 def random_orthogonal(n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:

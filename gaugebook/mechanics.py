@@ -29,8 +29,8 @@ of a key/value group share one group element, so their terms add up into one cha
 With RoPE only the commutant of the rotations survives (per plane ``a I + b J``); the model-level
 functions then return the orthogonal projection onto that subalgebra. The model-level functions
 derive both from the gauge action itself (:func:`gaugebook.lie.momentum_map`: the momentum
-dotted with every generator); the closed forms below are for factor matrices on their own. Unlearned symmetry-breaking
-biases are not part of the state: with a fixed query bias ``b`` only ``P J P`` with
+dotted with every generator); the closed forms below are for factor matrices on their own.
+Unlearned symmetry-breaking biases are not part of the state: with a fixed query bias ``b`` only ``P J P`` with
 ``P = I - b^T b / |b|^2`` is conserved (the stabiliser of ``b``).
 A learned ``b_Q`` next to a fixed shift ``s`` absorbs it: the symmetry survives with the row
 ``b_Q + s`` in place of ``b_Q``.

@@ -49,11 +49,13 @@ from torch import nn
 from gaugebook.lie import ContinuousFactor, Factor, GaugeElement, unit_basis
 from gaugebook.linalg import check_permutation
 
-__all__ = ["MoE", "MoEOutput", "ACTIVATIONS", "load_balancing_loss", "permute_experts",
+__all__ = ["MoE", "MoEOutput", "EXPERT_ACTIVATIONS", "load_balancing_loss", "permute_experts",
            "shift_router", "rescale_hidden", "permute_hidden", "redundancy_count",
            "ExpertPermutation", "RouterShift", "ExpertRescaling", "ExpertHiddenPermutation"]
 
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+# The experts' activations (GELU in its exact erf form; the GPT's MLP uses GPT-2's tanh form,
+# gaugebook.gpt.ACTIVATIONS): ReLU's positive homogeneity is a symmetry, GELU has none.
+EXPERT_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
 
 class MoEOutput(NamedTuple):
@@ -117,8 +119,9 @@ class MoE(nn.Module):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if k > n_experts:
             raise ValueError(f"k={k} experts per token, but there are only n_experts={n_experts}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+        if activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {list(EXPERT_ACTIVATIONS)}, "
+                             f"got {activation!r}")
         for name, value in dict(router_bias=router_bias, renormalize=renormalize).items():
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -178,7 +181,7 @@ class MoE(nn.Module):
     def experts(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert on every token: ``x [N, D] -> [N, E, D]``."""
         hidden = torch.einsum("nd,edh->neh", x, self.W_in) + self.b_in  # (N, E, Dh)
-        hidden = ACTIVATIONS[self.activation](hidden)
+        hidden = EXPERT_ACTIVATIONS[self.activation](hidden)
         return torch.einsum("neh,ehd->ned", hidden, self.W_out) + self.b_out  # (N, E, D)
 
     def forward(self, x: torch.Tensor) -> MoEOutput:

@@ -30,13 +30,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import QUERY_MEAN, QUERY_STD
 from gaugebook.landscapes import leapfrog
+from gaugebook.linalg import DTYPE
 from gaugebook.mechanics import qk_charge
 from gaugebook.plots import PALETTE
 
 __all__ = ["HeadProblem", "probe_head", "protocol_shifts", "stabiliser_projection",
            "ChargeDriftGrid", "charge_drift_grid", "charge_drift_figure", "ChargeDriftExplorer"]
 
-F64 = torch.float64
 CONSERVED = 1e-10  # relative changes below this are round-off
 
 
@@ -62,7 +62,7 @@ class HeadProblem:
 
     def parameters(self) -> list[torch.Tensor]:
         """The head's current weights (float64 copies)."""
-        return [p.detach().to(F64).clone() for p in self.model.parameters()]
+        return [p.detach().to(DTYPE).clone() for p in self.model.parameters()]
 
     def loss(self, theta, query_shift=None) -> torch.Tensor:
         out = functional_call(self.model, dict(zip(self.names, theta)), (self.x,),
@@ -94,10 +94,10 @@ def probe_head(*, d_model: int = 6, d_head: int = 4, batch: int = 4, length: int
     """A :class:`HeadProblem` drawn from ``seed``: weights, inputs, targets and momenta
     ``p0 ~ N(0, momentum_scale^2)``."""
     g = torch.Generator().manual_seed(seed)
-    model = MultiHeadAttention(d_model, 1, d_head, dtype=F64, generator=g)
-    x = torch.randn(batch, length, d_model, generator=g, dtype=F64)  # (B, T, D)
-    y = torch.randn(batch, length, d_model, generator=g, dtype=F64)
-    p0 = [momentum_scale * torch.randn(p.shape, generator=g, dtype=F64)
+    model = MultiHeadAttention(d_model, 1, d_head, dtype=DTYPE, generator=g)
+    x = torch.randn(batch, length, d_model, generator=g, dtype=DTYPE)  # (B, T, D)
+    y = torch.randn(batch, length, d_model, generator=g, dtype=DTYPE)
+    p0 = [momentum_scale * torch.randn(p.shape, generator=g, dtype=DTYPE)
           for p in model.parameters()]
     return HeadProblem(model, x, y, p0)
 
@@ -108,9 +108,9 @@ def protocol_shifts(d_head: int, steps: int, *, scale: float = 1.0, spread: floa
     protocol's ``sigma = linspace(0.05, 0.15, d_head)`` and ``z_k ~ N(0, I)``."""
     if scale < 0 or spread < 0:
         raise ValueError(f"scale and spread must be non-negative, got {scale}, {spread}")
-    mu = torch.full((d_head,), QUERY_MEAN, dtype=F64)
-    sigma = torch.linspace(*QUERY_STD, d_head, dtype=F64)
-    z = torch.randn(steps, d_head, generator=generator, dtype=F64)
+    mu = torch.full((d_head,), QUERY_MEAN, dtype=DTYPE)
+    sigma = torch.linspace(*QUERY_STD, d_head, dtype=DTYPE)
+    z = torch.randn(steps, d_head, generator=generator, dtype=DTYPE)
     return scale * mu + spread * sigma * z  # (steps, dk)
 
 
@@ -161,8 +161,8 @@ def charge_drift_grid(problem: HeadProblem | None = None, scales=(0.0, 0.5, 1.0,
     unit = protocol_shifts(dk, steps, scale=0.0, spread=1.0,
                            generator=torch.Generator().manual_seed(seed))  # sigma * z_k
     mu = protocol_shifts(dk, 1, scale=1.0, spread=0.0)[0]
-    S = torch.tensor(scales, dtype=F64).repeat_interleave(len(spreads))  # (n,)
-    W = torch.tensor(spreads, dtype=F64).repeat(len(scales))  # (n,)
+    S = torch.tensor(scales, dtype=DTYPE).repeat_interleave(len(spreads))  # (n,)
+    W = torch.tensor(spreads, dtype=DTYPE).repeat(len(scales))  # (n,)
     shifts = S[None, :, None] * mu + W[None, :, None] * unit[:, None, :]  # (steps, n, dk)
     theta0 = [t.expand(n, *t.shape).clone() for t in problem.parameters()]
     p0 = [p.expand(n, *p.shape).clone() for p in problem.p0]

@@ -38,7 +38,7 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform,
                              grouped_weights, qk_algebra)
 from gaugebook.lie import tangent_map
-from gaugebook.linalg import numerical_rank
+from gaugebook.linalg import ZERO_RTOL, numerical_rank
 
 __all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
            "balancing_element"]
@@ -115,7 +115,7 @@ def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tens
     QA, QB = A.mT @ A, B.mT @ B  # (n, k, k)
     for name, Q in ((f"{what} (first factor)", QA), (f"{what} (second factor)", QB)):
         lam = torch.linalg.eigvalsh(Q)  # (n, k), ascending
-        if (lam[..., 0] <= 1e-12 * lam[..., -1]).any():
+        if (lam[..., 0] <= ZERO_RTOL * lam[..., -1]).any():
             raise ValueError(f"{name} is rank deficient: its orbit has no balanced point")
     root, inv_root = _sym_power(QA, 0.5), _sym_power(QA, -0.5)
     W = inv_root @ _sym_power(root @ QB @ root, 0.5) @ inv_root

@@ -3,7 +3,6 @@ import functools
 import hashlib
 import http.server
 import math
-import shutil
 import socket
 import threading
 from pathlib import Path
