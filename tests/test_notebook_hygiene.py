@@ -1,0 +1,128 @@
+"""What a reader sees in the rendered book: teaching code apart from bookkeeping (issue 11).
+
+A code cell is *visible* when the page shows its source: cells tagged ``remove-input``,
+``remove-cell`` or ``hide-input`` (collapsed, one click away) are not. Over ``book/*.ipynb``:
+
+- no visible cell calls ``glue(`` (gluing is bookkeeping),
+- no visible code line is wider than 88 characters (it would scroll sideways),
+- no visible cell is longer than 45 lines (normally they are <= 25),
+- no notebook defines its own ``html_table`` (``gaugebook.notebook.html_table`` is the one),
+- every chapter's set-up (import) cell is hidden,
+- the visible code of the whole book is at most half of the 7,025 lines it had (issue 11),
+- no visible cell and no committed output shows a machine path (``/work/...``, ``/home/...``).
+
+These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
+(``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+BOOK = Path(__file__).resolve().parent.parent / "book"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+HIDDEN_TAGS = {"remove-input", "remove-cell", "hide-input"}
+MAX_COLUMNS = 88
+MAX_CELL_LINES = 45  # a visible cell is normally <= 25 lines; none is a page long
+LINES_BEFORE = 7025  # visible code lines of the book when issue 11 was filed
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users|mnt|scratch)/")
+
+
+def code_cells(path: Path) -> list[dict]:
+    return [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def visible(cell: dict) -> bool:
+    return not HIDDEN_TAGS & set(cell.get("metadata", {}).get("tags", []))
+
+
+def measure(path: Path) -> dict:
+    """Counts over the visible code cells of one notebook."""
+    cells = [c for c in code_cells(path) if visible(c)]
+    lines = [source(c).splitlines() for c in cells]
+    return {
+        "cells": len(cells),
+        "lines": sum(map(len, lines)),
+        "glue_cells": sum("glue(" in source(c) for c in cells),
+        "wide_lines": sum(len(line) > MAX_COLUMNS for cell in lines for line in cell),
+        "long_cells": sum(len(cell) > 25 for cell in lines),
+        "html_table_defs": sum("def html_table" in source(c) for c in code_cells(path)),
+    }
+
+
+def offenders(check) -> list[str]:
+    return [f"{p.name}: {n}" for p in NOTEBOOKS if (n := check(p))]
+
+
+def test_there_are_chapters():
+    assert len(NOTEBOOKS) >= 20
+
+
+def test_no_visible_glue():
+    assert offenders(lambda p: measure(p)["glue_cells"]) == []
+
+
+def test_no_visible_line_wider_than_88():
+    def wide(path):
+        return [f"{line[:40]}... ({len(line)})" for c in code_cells(path) if visible(c)
+                for line in source(c).splitlines() if len(line) > MAX_COLUMNS]
+
+    assert offenders(wide) == []
+
+
+def test_no_visible_cell_longer_than_45_lines():
+    def long(path):
+        return [len(source(c).splitlines()) for c in code_cells(path)
+                if visible(c) and len(source(c).splitlines()) > MAX_CELL_LINES]
+
+    assert offenders(long) == []
+
+
+def test_one_table_helper():
+    assert offenders(lambda p: measure(p)["html_table_defs"]) == []
+
+
+def test_set_up_cell_is_hidden():
+    def visible_set_up(path):
+        imports = [c for c in code_cells(path)
+                   if re.search(r"^(import|from) \w", source(c), re.M)
+                   and "google.colab" not in source(c)]
+        return bool(imports) and visible(imports[0])
+
+    assert offenders(visible_set_up) == []
+
+
+def test_visible_code_is_at_most_half_of_before():
+    total = sum(measure(p)["lines"] for p in NOTEBOOKS)
+    assert total <= LINES_BEFORE // 2, total
+
+
+def test_no_machine_paths():
+    def paths(path):
+        found = []
+        for c in code_cells(path):
+            texts = [source(c)] if visible(c) else []
+            for out in c.get("outputs", []):
+                texts.append("".join(out.get("text", "")))
+                texts.extend("".join(v) if isinstance(v, list) else str(v)
+                             for v in out.get("data", {}).values())
+            found += [m.group() for t in texts for m in MACHINE_PATH.finditer(t)]
+        return found
+
+    assert offenders(paths) == []
+
+
+if __name__ == "__main__":
+    rows = {p.name: measure(p) for p in NOTEBOOKS}
+    keys = list(next(iter(rows.values())))
+    print(f"{'notebook':34s}" + "".join(f"{k:>16s}" for k in keys))
+    for name, row in rows.items():
+        print(f"{name:34s}" + "".join(f"{row[k]:16d}" for k in keys))
+    print(f"{'total':34s}" + "".join(f"{sum(r[k] for r in rows.values()):16d}" for k in keys))
