@@ -34,24 +34,14 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.lie import (ContinuousFactor, Factor, GaugeElement, gl_basis, identity,
-                           rope_commutant_basis, unit_basis)
-from gaugebook.linalg import DTYPE, check_invertible, check_permutation, random_gl, spread
+from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
+                           gl_basis, identity, rope_commutant_basis, unit_basis)
+from gaugebook.linalg import DTYPE, random_gl, spread
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
            "rope_commutant_element", "attention_modules", "qk_algebra", "grouped_weights",
            "ATTENTION_ALGEBRA"]
-
-
-def _check_shift(t, name: str) -> torch.Tensor:
-    """Validate a bias shift ``t [n_kv, width]``; return it as float64."""
-    t = torch.as_tensor(t).detach().to(DTYPE)
-    if t.ndim != 2:
-        raise ValueError(f"{name} must have shape [n_kv_heads, width], got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} has non-finite entries")
-    return t
 
 
 def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
@@ -90,14 +80,11 @@ def _grouped_basis(per_group: torch.Tensor, n_groups: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class QKTransform(ContinuousFactor):
+class QKTransform(MatrixFactor):
     """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
 
     M: torch.Tensor  # [n_kv, d_head, d_head]
     acts_on: ClassVar = MultiHeadAttention
-
-    def __post_init__(self):
-        object.__setattr__(self, "M", check_invertible(self.M, "QKTransform.M"))
 
     def check(self, m):
         _expect(m, "QKTransform", n_kv_heads=self.M.shape[0], d_head=self.M.shape[-1])
@@ -110,28 +97,18 @@ class QKTransform(ContinuousFactor):
             out.update(b_Q=_row(params["b_Q"], M_q), b_K=_row(params["b_K"], M_invT))
         return out
 
-    def inverse(self):
-        return QKTransform(torch.linalg.inv(self.M), target=self.target)
-
     @classmethod
     def lie_basis(cls, m):
         """Per key/value group the basis of :func:`qk_algebra`, group-major."""
         return _grouped_basis(qk_algebra(m), m.n_kv_heads)
 
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(torch.linalg.matrix_exp(X), target=target)
-
 
 @dataclass(frozen=True, eq=False)
-class VOTransform(ContinuousFactor):
+class VOTransform(MatrixFactor):
     """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
 
     N: torch.Tensor  # [n_kv, d_value, d_value]
     acts_on: ClassVar = MultiHeadAttention
-
-    def __post_init__(self):
-        object.__setattr__(self, "N", check_invertible(self.N, "VOTransform.N"))
 
     def check(self, m):
         _expect(m, "VOTransform", n_kv_heads=self.N.shape[0], d_value=self.N.shape[-1])
@@ -143,28 +120,18 @@ class VOTransform(ContinuousFactor):
             out["b_V"] = _row(params["b_V"], N)
         return out
 
-    def inverse(self):
-        return VOTransform(torch.linalg.inv(self.N), target=self.target)
-
     @classmethod
     def lie_basis(cls, m):
         """Per key/value group ``gl(d_value)``, group-major."""
         return _grouped_basis(gl_basis(m.d_value), m.n_kv_heads)
 
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(torch.linalg.matrix_exp(X), target=target)
-
 
 @dataclass(frozen=True, eq=False)
-class HeadPermutation(Factor):
+class HeadPermutation(PermutationFactor):
     """Relabel heads: head ``i`` of the result is head ``perm[i]`` of the input."""
 
     perm: torch.Tensor  # [n_heads], a permutation
     acts_on: ClassVar = MultiHeadAttention
-
-    def __post_init__(self):
-        object.__setattr__(self, "perm", check_permutation(self.perm))
 
     def kv_permutation(self, group_size: int) -> torch.Tensor:
         """The induced permutation of key/value heads; error if groups are split."""
@@ -190,9 +157,6 @@ class HeadPermutation(Factor):
                     out[name] = x.index_select(x.ndim - getattr(m, name).ndim, index)
         return out
 
-    def inverse(self):
-        return HeadPermutation(torch.argsort(self.perm), target=self.target)
-
 
 def _key_coordinates(m: MultiHeadAttention) -> int:
     """How many coordinates of ``b_K`` translate freely: those RoPE leaves unrotated (none with
@@ -203,15 +167,13 @@ def _key_coordinates(m: MultiHeadAttention) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class KeyBiasShift(ContinuousFactor):
+class KeyBiasShift(TranslationFactor):
     """``b_K -> b_K + t``: ``q_t . t`` is the same for every key position and cancels in the
     softmax, so a symmetry on the coordinates that RoPE does not rotate (all without RoPE)."""
 
     t: torch.Tensor  # [n_kv, d_head]
     acts_on: ClassVar = MultiHeadAttention
-
-    def __post_init__(self):
-        object.__setattr__(self, "t", _check_shift(self.t, "KeyBiasShift.t"))
+    shape_doc: ClassVar = "[n_kv_heads, width]"
 
     def check(self, m):
         if not m.has_bias:
@@ -221,9 +183,6 @@ class KeyBiasShift(ContinuousFactor):
     def transform(self, params, m):
         return dict(b_K=params["b_K"] + self.t.to(params["b_K"].device))
 
-    def inverse(self):
-        return KeyBiasShift(-self.t, target=self.target)
-
     @classmethod
     def lie_basis(cls, m):
         """Per key/value group the unit shifts of the unrotated coordinates, group-major."""
@@ -232,15 +191,13 @@ class KeyBiasShift(ContinuousFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class ValueBiasShift(ContinuousFactor):
+class ValueBiasShift(TranslationFactor):
     """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``: attention rows sum to one, so
     a value bias is a constant output shift that ``b_O`` takes back."""
 
     t: torch.Tensor  # [n_kv, d_value]
     acts_on: ClassVar = MultiHeadAttention
-
-    def __post_init__(self):
-        object.__setattr__(self, "t", _check_shift(self.t, "ValueBiasShift.t"))
+    shape_doc: ClassVar = "[n_kv_heads, width]"
 
     def check(self, m):
         if not m.has_bias:
@@ -251,9 +208,6 @@ class ValueBiasShift(ContinuousFactor):
         t = self.t.to(params["b_V"].device)  # (Hkv, dv)
         shift = torch.einsum("he,...hed->...d", _per_group(t, m), params["W_O"])
         return dict(b_V=params["b_V"] + t, b_O=params["b_O"] - shift)
-
-    def inverse(self):
-        return ValueBiasShift(-self.t, target=self.target)
 
     @classmethod
     def lie_basis(cls, m):

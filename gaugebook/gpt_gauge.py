@@ -31,29 +31,14 @@ from typing import ClassVar
 import torch
 
 from gaugebook.gpt import GPT, MLP, Block, PReLU
-from gaugebook.lie import ContinuousFactor, Factor, unit_basis
-from gaugebook.linalg import DTYPE, check_permutation
+from gaugebook.lie import PermutationFactor, ScalingFactor, TranslationFactor, unit_basis
+from gaugebook.linalg import DTYPE
 
 __all__ = ["LayerNormScale", "LayerNormShift", "ReaderCentring", "ResidualCentring",
            "HiddenRescaling", "HiddenPermutation", "ResidualPermutation", "PositionCentring",
            "EmbeddingShift", "LAYERNORMS", "residual_axes"]
 
 LAYERNORMS = ("ln_1", "ln_2")
-
-
-def _vector(x, name: str, *, positive: bool = False, nonzero: bool = False) -> torch.Tensor:
-    """Validate a vector of finite numbers (positive, or without zeros, where asked); return it
-    as float64."""
-    x = torch.as_tensor(x).detach().to(DTYPE)
-    if x.ndim != 1:
-        raise ValueError(f"{name} must be a vector, got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name} has non-finite entries")
-    if positive and not (x > 0).all():
-        raise ValueError(f"{name} must be positive")
-    if nonzero and (x == 0).any():
-        raise ValueError(f"{name} must have no zero entry")
-    return x
 
 
 def _readers(block: Block, which: str, *, gates: bool = True) -> list[tuple[str, str, bool]]:
@@ -90,16 +75,15 @@ def _check_block_ln(block: Block, which: str, what: str, size: int, expected: in
 
 
 @dataclass(frozen=True, eq=False)
-class LayerNormScale(ContinuousFactor):
+class LayerNormScale(ScalingFactor):
     """``gamma, beta -> s gamma, s beta`` (per feature) and row ``i`` of every reader over
     ``s_i``; ``s`` has no zero entry."""
 
     s: torch.Tensor  # [D]
     which: str = "ln_1"
     acts_on: ClassVar = Block
+    positive: ClassVar = False  # a negative gain with negated reader rows is a symmetry too
 
-    def __post_init__(self):
-        object.__setattr__(self, "s", _vector(self.s, "LayerNormScale.s", nonzero=True))
 
     def check(self, block):
         _readers(block, self.which)
@@ -115,28 +99,21 @@ class LayerNormScale(ContinuousFactor):
             out[weight] = params[weight] / (s[:, None] if per_head else s)
         return out
 
-    def inverse(self):
-        return LayerNormScale(1 / self.s, self.which, target=self.target)
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
         return unit_basis(getattr(block, which).weight.shape)
 
-    @classmethod
-    def exp(cls, X, *, target="", which="ln_1"):
-        return cls.unchecked(torch.exp(X), which, target=target)
 
 
 @dataclass(frozen=True, eq=False)
-class LayerNormShift(ContinuousFactor):
+class LayerNormShift(TranslationFactor):
     """``beta -> beta + delta``, every reader's bias ``b -> b - delta W``."""
 
     delta: torch.Tensor  # [D]
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
-    def __post_init__(self):
-        object.__setattr__(self, "delta", _vector(self.delta, "LayerNormShift.delta"))
 
     def check(self, block):
         readers = _readers(block, self.which)
@@ -158,8 +135,6 @@ class LayerNormShift(ContinuousFactor):
             out[bias] = params[bias] - read
         return out
 
-    def inverse(self):
-        return LayerNormShift(-self.delta, self.which, target=self.target)
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
@@ -170,7 +145,7 @@ class LayerNormShift(ContinuousFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class ReaderCentring(ContinuousFactor):
+class ReaderCentring(TranslationFactor):
     """Column ``j`` of the readers of ``which`` plus ``u_j / gamma``, its bias minus
     ``(beta . 1/gamma) u_j``; ``u`` runs over the columns of every reader that can take it
     (:func:`_centring_readers`), in order, each flattened row-major (``[n, c]`` for per-head
@@ -180,8 +155,6 @@ class ReaderCentring(ContinuousFactor):
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
-    def __post_init__(self):
-        object.__setattr__(self, "u", _vector(self.u, "ReaderCentring.u"))
 
     def check(self, block):
         n = sum(_reader_columns(block, _centring_readers(block, self.which)))
@@ -208,8 +181,6 @@ class ReaderCentring(ContinuousFactor):
                 out[bias] = params[bias] - (offset[..., None] if per_head else offset) * u
         return out
 
-    def inverse(self):
-        return ReaderCentring(-self.u, self.which, target=self.target)
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
@@ -233,7 +204,7 @@ def _writer_sizes(block: Block) -> list[int]:
 
 
 @dataclass(frozen=True, eq=False)
-class ResidualCentring(ContinuousFactor):
+class ResidualCentring(TranslationFactor):
     """Everything the block writes moves along ``1``: ``W_O[h][e] -> W_O[h][e] + c 1``, column
     ``j`` of the MLP's output weight plus ``c' 1``, each output bias plus a multiple of ``1``;
     ``c`` in the order of the writers, each flattened row-major. Invisible inside a GPT, where
@@ -242,8 +213,6 @@ class ResidualCentring(ContinuousFactor):
     c: torch.Tensor  # [H dv + 4D + 2b]
     acts_on: ClassVar = Block
 
-    def __post_init__(self):
-        object.__setattr__(self, "c", _vector(self.c, "ResidualCentring.c"))
 
     def check(self, block):
         n = sum(_writer_sizes(block))
@@ -261,8 +230,6 @@ class ResidualCentring(ContinuousFactor):
                 out[name] = W + c
         return out
 
-    def inverse(self):
-        return ResidualCentring(-self.c, target=self.target)
 
     @classmethod
     def lie_basis(cls, block):
@@ -270,15 +237,13 @@ class ResidualCentring(ContinuousFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class HiddenRescaling(ContinuousFactor):
+class HiddenRescaling(ScalingFactor):
     """Hidden unit ``j`` of a PReLU MLP: input weights and bias times ``s_j > 0``, output
     weights over ``s_j`` (``prelu(s z) = s prelu(z)`` for ``s > 0``)."""
 
     s: torch.Tensor  # [4D]
     acts_on: ClassVar = MLP
 
-    def __post_init__(self):
-        object.__setattr__(self, "s", _vector(self.s, "HiddenRescaling.s", positive=True))
 
     def check(self, mlp):
         if not isinstance(mlp.act, PReLU):
@@ -296,29 +261,22 @@ class HiddenRescaling(ContinuousFactor):
             out["c_fc.bias"] = params["c_fc.bias"] * s
         return out
 
-    def inverse(self):
-        return HiddenRescaling(1 / self.s, target=self.target)
 
     @classmethod
     def lie_basis(cls, mlp):
         n = mlp.c_fc.weight.shape[0] if isinstance(mlp.act, PReLU) else 0
         return unit_basis((mlp.c_fc.weight.shape[0],))[:n]
 
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(torch.exp(X), target=target)
 
 
 @dataclass(frozen=True, eq=False)
-class HiddenPermutation(Factor):
+class HiddenPermutation(PermutationFactor):
     """Relabel the MLP's hidden units: unit ``i`` of the result is unit ``perm[i]`` (the
     activation acts unit by unit)."""
 
     perm: torch.Tensor  # [4D]
     acts_on: ClassVar = MLP
 
-    def __post_init__(self):
-        object.__setattr__(self, "perm", check_permutation(self.perm))
 
     def check(self, mlp):
         if len(self.perm) != mlp.c_fc.weight.shape[0]:
@@ -333,8 +291,6 @@ class HiddenPermutation(Factor):
                 out[name] = params[name].index_select(-1, perm)
         return out
 
-    def inverse(self):
-        return HiddenPermutation(torch.argsort(self.perm), target=self.target)
 
 
 def residual_axes(model: GPT) -> dict[str, int]:
@@ -352,7 +308,7 @@ def residual_axes(model: GPT) -> dict[str, int]:
 
 
 @dataclass(frozen=True, eq=False)
-class ResidualPermutation(Factor):
+class ResidualPermutation(PermutationFactor):
     """Residual feature ``i`` of the result is feature ``perm[i]``, in every tensor that reads or
     writes the stream (LayerNorm statistics and the tied unembedding are permutation
     invariant)."""
@@ -360,8 +316,6 @@ class ResidualPermutation(Factor):
     perm: torch.Tensor  # [D]
     acts_on: ClassVar = GPT
 
-    def __post_init__(self):
-        object.__setattr__(self, "perm", check_permutation(self.perm))
 
     def check(self, model):
         if len(self.perm) != model.config.n_embd:
@@ -372,20 +326,16 @@ class ResidualPermutation(Factor):
         return {name: params[name].index_select(axis, perm)
                 for name, axis in residual_axes(model).items() if name in params}
 
-    def inverse(self):
-        return ResidualPermutation(torch.argsort(self.perm), target=self.target)
 
 
 @dataclass(frozen=True, eq=False)
-class PositionCentring(ContinuousFactor):
+class PositionCentring(TranslationFactor):
     """``wpe[t] -> wpe[t] + c_t 1``: the first LayerNorm of every block removes it, and so
     does every later one (learned positions only)."""
 
     c: torch.Tensor  # [block_size]
     acts_on: ClassVar = GPT
 
-    def __post_init__(self):
-        object.__setattr__(self, "c", _vector(self.c, "PositionCentring.c"))
 
     def check(self, model):
         if model.wpe is None:
@@ -397,8 +347,6 @@ class PositionCentring(ContinuousFactor):
     def transform(self, params, model):
         return {"wpe.weight": params["wpe.weight"] + self.c.to(params["wpe.weight"])[:, None]}
 
-    def inverse(self):
-        return PositionCentring(-self.c, target=self.target)
 
     @classmethod
     def lie_basis(cls, model):
@@ -406,7 +354,7 @@ class PositionCentring(ContinuousFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class EmbeddingShift(ContinuousFactor):
+class EmbeddingShift(TranslationFactor):
     """``wte -> wte + 1 w^T``, ``wpe -> wpe - 1 w^T``: the residual stream is unchanged, and the
     tied unembedding adds ``w . h`` to every logit alike, which log-softmax removes. With RoPE
     (no ``wpe``) only ``w`` along ``1`` is invisible at the input (the LayerNorms remove it)."""
@@ -414,8 +362,6 @@ class EmbeddingShift(ContinuousFactor):
     w: torch.Tensor  # [D]
     acts_on: ClassVar = GPT
 
-    def __post_init__(self):
-        object.__setattr__(self, "w", _vector(self.w, "EmbeddingShift.w"))
 
     def check(self, model):
         if len(self.w) != model.config.n_embd:
@@ -428,8 +374,6 @@ class EmbeddingShift(ContinuousFactor):
             out["wpe.weight"] = params["wpe.weight"] - w
         return out
 
-    def inverse(self):
-        return EmbeddingShift(-self.w, target=self.target)
 
     @classmethod
     def lie_basis(cls, model):

@@ -41,9 +41,10 @@ import torch
 from torch import nn
 from torch.func import jvp, vmap
 
-from gaugebook.linalg import DTYPE
+from gaugebook.linalg import DTYPE, check_invertible, check_permutation
 
-__all__ = ["Factor", "ContinuousFactor", "GaugeElement", "identity", "tangent_map",
+__all__ = ["Factor", "ContinuousFactor", "MatrixFactor", "TranslationFactor", "ScalingFactor",
+           "PermutationFactor", "GaugeElement", "identity", "tangent_map",
            "momentum_map", "project", "gl_basis", "rope_commutant_basis", "unit_basis",
            "factor_redundancy", "attention_terms", "float64_parameters"]
 
@@ -124,6 +125,105 @@ class ContinuousFactor(Factor):
         """The group element ``exp(X)`` for an algebra element ``X`` (unchecked, differentiable;
         ``options`` as in :meth:`lie_basis`)."""
         return cls.unchecked(X, target=target, **options)
+
+
+def _parameter(factor) -> str:
+    """The name of a factor's group parameter: its first field after ``target``."""
+    return next(f.name for f in dataclasses.fields(factor) if f.name != "target")
+
+
+def _checked(x, name: str, ndim: int, shape_doc: str) -> torch.Tensor:
+    """``x`` as a float64 tensor with ``ndim`` dimensions and finite entries; ValueError
+    otherwise."""
+    x = torch.as_tensor(x).detach().to(DTYPE)
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} has non-finite entries")
+    return x
+
+
+class MatrixFactor(ContinuousFactor):
+    """A factor whose parameter is a stack ``[n, d, d]`` of invertible matrices (a product of
+    ``GL(d)``'s): validated, inverted and exponentiated as matrices."""
+
+    def __post_init__(self):
+        name = _parameter(self)
+        value = check_invertible(getattr(self, name), f"{type(self).__name__}.{name}")
+        object.__setattr__(self, name, value)
+
+    def inverse(self):
+        name = _parameter(self)
+        return dataclasses.replace(self, **{name: torch.linalg.inv(getattr(self, name))})
+
+    @classmethod
+    def exp(cls, X, *, target="", **options):
+        return cls.unchecked(torch.linalg.matrix_exp(X), target=target, **options)
+
+
+class TranslationFactor(ContinuousFactor):
+    """A factor whose parameter ``t`` adds (an abelian group of translations): ``exp(X) = X``,
+    inverse ``-t``, composition adds. ``shape_doc`` describes the parameter's shape."""
+
+    shape_doc: ClassVar[str] = "[n]"
+
+    def __post_init__(self):
+        name = _parameter(self)
+        ndim = self.shape_doc.count(",") + 1
+        value = _checked(getattr(self, name), f"{type(self).__name__}.{name}", ndim,
+                         self.shape_doc)
+        object.__setattr__(self, name, value)
+
+    def inverse(self):
+        name = _parameter(self)
+        return dataclasses.replace(self, **{name: -getattr(self, name)})
+
+
+class ScalingFactor(ContinuousFactor):
+    """A factor whose parameter ``s`` multiplies entry by entry, each entry positive
+    (``positive``) or only non-zero: ``exp(X) = e^X`` (the identity component), inverse ``1/s``,
+    composition multiplies."""
+
+    shape_doc: ClassVar[str] = "[n]"
+    positive: ClassVar[bool] = True
+
+    def __post_init__(self):
+        name = _parameter(self)
+        full = f"{type(self).__name__}.{name}"
+        value = _checked(getattr(self, name), full, self.shape_doc.count(",") + 1,
+                         self.shape_doc)
+        if self.positive and not (value > 0).all():
+            raise ValueError(f"{full} must be positive and finite")
+        if (value == 0).any():
+            raise ValueError(f"{full} must have no zero entry")
+        object.__setattr__(self, name, value)
+
+    def inverse(self):
+        name = _parameter(self)
+        return dataclasses.replace(self, **{name: 1 / getattr(self, name)})
+
+    @classmethod
+    def exp(cls, X, *, target="", **options):
+        return cls.unchecked(torch.exp(X), target=target, **options)
+
+
+class PermutationFactor(Factor):
+    """A factor whose parameter is a permutation ``perm [n]`` (or one per row, ``[m, n]``):
+    unit ``i`` of the result is unit ``perm[i]`` of the input; inverse ``argsort``."""
+
+    def __post_init__(self):
+        name = _parameter(self)
+        perm = torch.as_tensor(getattr(self, name), dtype=torch.long)
+        if perm.ndim == 2:
+            perm = torch.stack([check_permutation(row, perm.shape[1], f"{name}[{i}]")
+                                for i, row in enumerate(perm)])
+        else:
+            perm = check_permutation(perm, name=name)
+        object.__setattr__(self, name, perm)
+
+    def inverse(self):
+        name = _parameter(self)
+        return dataclasses.replace(self, **{name: torch.argsort(getattr(self, name), dim=-1)})
 
 
 class GaugeElement:

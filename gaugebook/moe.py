@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gaugebook.lie import ContinuousFactor, Factor, GaugeElement, unit_basis
+from gaugebook.lie import (GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor,
+                           unit_basis)
 from gaugebook.linalg import check_permutation
 
 __all__ = ["MoE", "MoEOutput", "EXPERT_ACTIVATIONS", "load_balancing_loss", "permute_experts",
@@ -223,15 +224,13 @@ def _permutation(perm, n: int, what: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class ExpertPermutation(Factor):
+class ExpertPermutation(PermutationFactor):
     """Expert ``i`` of the result is expert ``perm[i]``; the router's columns (and bias
     entries) move with their experts."""
 
     perm: torch.Tensor  # [E]
     acts_on: ClassVar = MoE
 
-    def __post_init__(self):
-        object.__setattr__(self, "perm", check_permutation(self.perm))
 
     def check(self, moe):
         _permutation(self.perm, moe.n_experts, "perm")
@@ -245,21 +244,17 @@ class ExpertPermutation(Factor):
                 out[name] = x.index_select(x.ndim - getattr(moe, name).ndim, perm)
         return out
 
-    def inverse(self):
-        return ExpertPermutation(torch.argsort(self.perm), target=self.target)
 
 
 @dataclass(frozen=True, eq=False)
-class RouterShift(ContinuousFactor):
+class RouterShift(TranslationFactor):
     """``W_r -> W_r + c 1^T`` and, with a router bias, ``b_r -> b_r + s``: every logit of a
     token moves by ``x . c + s``, which the softmax, the top-k choice and the gates ignore.
     ``shift = [c, s]`` (``[D + 1]``; ``[D]`` without a router bias)."""
 
     shift: torch.Tensor  # [D + b]
     acts_on: ClassVar = MoE
-
-    def __post_init__(self):
-        object.__setattr__(self, "shift", torch.as_tensor(self.shift).detach().to(torch.float64))
+    shape_doc: ClassVar = "[d_model + router_bias]"
 
     def check(self, moe):
         n = moe.d_model + int(moe.has_router_bias)
@@ -274,8 +269,6 @@ class RouterShift(ContinuousFactor):
             out["b_r"] = params["b_r"] + shift[moe.d_model]
         return out
 
-    def inverse(self):
-        return RouterShift(-self.shift, target=self.target)
 
     @classmethod
     def lie_basis(cls, moe):
@@ -283,19 +276,13 @@ class RouterShift(ContinuousFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class ExpertRescaling(ContinuousFactor):
+class ExpertRescaling(ScalingFactor):
     """Hidden unit ``j`` of expert ``e``: in by ``a[e, j] > 0``, out by ``1 / a[e, j]``
     (``relu(a z) = a relu(z)``): a symmetry of ReLU experts only."""
 
     a: torch.Tensor  # [E, d_hidden]
     acts_on: ClassVar = MoE
-
-    def __post_init__(self):
-        a = torch.as_tensor(self.a).detach().to(torch.float64)
-        if not (torch.isfinite(a).all() and (a > 0).all()):
-            raise ValueError("rescaling factors must be positive and finite "
-                             "(relu(a z) = a relu(z) holds only for a > 0)")
-        object.__setattr__(self, "a", a)
+    shape_doc: ClassVar = "[n_experts, d_hidden]"
 
     def check(self, moe):
         if self.a.shape != (moe.n_experts, moe.d_hidden):
@@ -310,34 +297,21 @@ class ExpertRescaling(ContinuousFactor):
         return {"W_in": params["W_in"] * a[:, None, :], "b_in": params["b_in"] * a,
                 "W_out": params["W_out"] / a[:, :, None]}
 
-    def inverse(self):
-        return ExpertRescaling(1 / self.a, target=self.target)
 
     @classmethod
     def lie_basis(cls, moe):
         shape = (moe.n_experts, moe.d_hidden)
         return unit_basis(shape)[:None if moe.activation == "relu" else 0]
 
-    @classmethod
-    def exp(cls, X, *, target=""):
-        return cls.unchecked(torch.exp(X), target=target)
 
 
 @dataclass(frozen=True, eq=False)
-class ExpertHiddenPermutation(Factor):
+class ExpertHiddenPermutation(PermutationFactor):
     """Relabel hidden units inside each expert: unit ``j`` of expert ``e`` in the result is unit
     ``perm[e, j]``."""
 
     perm: torch.Tensor  # [E, d_hidden]
     acts_on: ClassVar = MoE
-
-    def __post_init__(self):
-        perm = torch.as_tensor(self.perm, dtype=torch.long)
-        if perm.ndim != 2:
-            raise ValueError(f"perm must have shape [n_experts, d_hidden], got "
-                             f"{tuple(perm.shape)}")
-        object.__setattr__(self, "perm", torch.stack([
-            _permutation(row, perm.shape[1], f"perm[{e}]") for e, row in enumerate(perm)]))
 
     def check(self, moe):
         if self.perm.shape != (moe.n_experts, moe.d_hidden):
@@ -353,8 +327,6 @@ class ExpertHiddenPermutation(Factor):
                 "W_out": params["W_out"].gather(-2, perm[:, :, None].expand(
                     params["W_out"].shape))}
 
-    def inverse(self):
-        return ExpertHiddenPermutation(torch.argsort(self.perm, dim=1), target=self.target)
 
 
 def permute_experts(moe: MoE, perm) -> MoE:
