@@ -134,10 +134,12 @@ test-rendered: $(VENV_STAMP)
 
 # The release artefacts: sdist and wheel into dist/, their metadata checked as PyPI would, and the
 # wheel must ship py.typed and carry the version of gaugebook/__init__.py (its one source).
+# setuptools' build/ goes first: files left in build/lib from an earlier build would be packed.
 test-package: $(VENV_STAMP)
 	@start=$$(date +%s); \
-	rm -rf dist; \
+	rm -rf dist build; \
 	$(BIN)/python -m build --outdir dist . > dist.log 2>&1 || { cat dist.log; exit 1; }; \
+	rm -rf build; \
 	rm -f dist.log; \
 	$(BIN)/twine check --strict dist/*; \
 	version=$$($(BIN)/python -c "import gaugebook; print(gaugebook.__version__)"); \
