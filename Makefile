@@ -51,7 +51,7 @@ help:
 	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
-	@echo "make clean  remove _build and $(VENDOR); make distclean also removes $(VENV), node_modules"
+	@echo "make clean  remove _build, $(VENDOR), dist and build; make distclean also removes $(VENV), node_modules"
 
 # --- set-up -----------------------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ test-binder: $(VENV_STAMP)
 # --- cleaning ---------------------------------------------------------------------------------
 
 clean:
-	rm -rf _build $(VENDOR) dist
+	rm -rf _build $(VENDOR) dist build
 
 distclean: clean
 	rm -rf $(VENV) node_modules
