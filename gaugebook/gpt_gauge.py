@@ -69,11 +69,6 @@ def _centring_readers(block: Block, which: str):
     return [r for r in _readers(block, which) if r[1] is not None or not has_beta]
 
 
-def _check_block_ln(block: Block, which: str, what: str, size: int, expected: int):
-    if size != expected:
-        raise ValueError(f"{what} has {size} entries but {which} of this block needs {expected}")
-
-
 @dataclass(frozen=True, eq=False)
 class LayerNormScale(ScalingFactor):
     """``gamma, beta -> s gamma, s beta`` (per feature) and row ``i`` of every reader over
@@ -84,11 +79,10 @@ class LayerNormScale(ScalingFactor):
     acts_on: ClassVar = Block
     positive: ClassVar = False  # a negative gain with negated reader rows is a symmetry too
 
-
-    def check(self, block):
-        _readers(block, self.which)
-        _check_block_ln(block, self.which, "LayerNormScale.s", len(self.s),
-                        block.ln_1.weight.numel())
+    @classmethod
+    def shape(cls, block, which="ln_1"):
+        _readers(block, which)
+        return getattr(block, which).weight.shape
 
     def transform(self, params, block):
         s = self.s.to(params[f"{self.which}.weight"].device)
@@ -100,12 +94,6 @@ class LayerNormScale(ScalingFactor):
         return out
 
 
-    @classmethod
-    def lie_basis(cls, block, which="ln_1"):
-        return unit_basis(getattr(block, which).weight.shape)
-
-
-
 @dataclass(frozen=True, eq=False)
 class LayerNormShift(TranslationFactor):
     """``beta -> beta + delta``, every reader's bias ``b -> b - delta W``."""
@@ -114,16 +102,17 @@ class LayerNormShift(TranslationFactor):
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
+    @classmethod
+    def shape(cls, block, which="ln_1"):
+        return getattr(block, which).weight.shape
 
     def check(self, block):
-        readers = _readers(block, self.which)
+        super().check(block)
         if getattr(block, self.which).bias is None:
             raise ValueError(f"LayerNormShift needs {self.which} with a bias (bias=True)")
-        if any(bias is None for _, bias, _ in readers):
+        if any(bias is None for _, bias, _ in _readers(block, self.which)):
             raise ValueError("LayerNormShift of ln_1 is no symmetry with gated RoPE: the gates "
                              "have no bias to absorb the shift")
-        _check_block_ln(block, self.which, "LayerNormShift.delta", len(self.delta),
-                        block.ln_1.weight.numel())
 
     def transform(self, params, block):
         delta = self.delta.to(params[f"{self.which}.bias"].device)
@@ -134,7 +123,6 @@ class LayerNormShift(TranslationFactor):
                     else torch.einsum("...jd,d->...j", W, delta))
             out[bias] = params[bias] - read
         return out
-
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
@@ -155,12 +143,9 @@ class ReaderCentring(TranslationFactor):
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
-
-    def check(self, block):
-        n = sum(_reader_columns(block, _centring_readers(block, self.which)))
-        if len(self.u) != n:
-            raise ValueError(f"ReaderCentring.u has {len(self.u)} entries but the readers of "
-                             f"{self.which} have {n} columns")
+    @classmethod
+    def shape(cls, block, which="ln_1"):
+        return (sum(_reader_columns(block, _centring_readers(block, which))),)
 
     def transform(self, params, block):
         gamma = params[f"{self.which}.weight"]
@@ -180,11 +165,6 @@ class ReaderCentring(TranslationFactor):
             if bias is not None and beta is not None:
                 out[bias] = params[bias] - (offset[..., None] if per_head else offset) * u
         return out
-
-
-    @classmethod
-    def lie_basis(cls, block, which="ln_1"):
-        return unit_basis((sum(_reader_columns(block, _centring_readers(block, which))),))
 
 
 def _writers(block: Block) -> list[tuple[str, str]]:
@@ -213,11 +193,9 @@ class ResidualCentring(TranslationFactor):
     c: torch.Tensor  # [H dv + 4D + 2b]
     acts_on: ClassVar = Block
 
-
-    def check(self, block):
-        n = sum(_writer_sizes(block))
-        if len(self.c) != n:
-            raise ValueError(f"ResidualCentring.c has {len(self.c)} entries, the block writes {n}")
+    @classmethod
+    def shape(cls, block):
+        return (sum(_writer_sizes(block)),)
 
     def transform(self, params, block):
         parts = self.c.to(params["attn.W_O"].device).split(_writer_sizes(block))
@@ -231,11 +209,6 @@ class ResidualCentring(TranslationFactor):
         return out
 
 
-    @classmethod
-    def lie_basis(cls, block):
-        return unit_basis((sum(_writer_sizes(block)),))
-
-
 @dataclass(frozen=True, eq=False)
 class HiddenRescaling(ScalingFactor):
     """Hidden unit ``j`` of a PReLU MLP: input weights and bias times ``s_j > 0``, output
@@ -244,14 +217,15 @@ class HiddenRescaling(ScalingFactor):
     s: torch.Tensor  # [4D]
     acts_on: ClassVar = MLP
 
+    @classmethod
+    def shape(cls, mlp):
+        return (mlp.c_fc.weight.shape[0] if isinstance(mlp.act, PReLU) else 0,)
 
     def check(self, mlp):
         if not isinstance(mlp.act, PReLU):
             raise ValueError("rescaling hidden units is a symmetry of a PReLU MLP only, this MLP "
                              f"uses {type(mlp.act).__name__}")
-        if len(self.s) != mlp.c_fc.weight.shape[0]:
-            raise ValueError(f"HiddenRescaling.s has {len(self.s)} entries, the MLP has "
-                             f"{mlp.c_fc.weight.shape[0]} hidden units")
+        super().check(mlp)
 
     def transform(self, params, mlp):
         s = self.s.to(params["c_fc.weight"].device)
@@ -262,13 +236,6 @@ class HiddenRescaling(ScalingFactor):
         return out
 
 
-    @classmethod
-    def lie_basis(cls, mlp):
-        n = mlp.c_fc.weight.shape[0] if isinstance(mlp.act, PReLU) else 0
-        return unit_basis((mlp.c_fc.weight.shape[0],))[:n]
-
-
-
 @dataclass(frozen=True, eq=False)
 class HiddenPermutation(PermutationFactor):
     """Relabel the MLP's hidden units: unit ``i`` of the result is unit ``perm[i]`` (the
@@ -277,10 +244,9 @@ class HiddenPermutation(PermutationFactor):
     perm: torch.Tensor  # [4D]
     acts_on: ClassVar = MLP
 
-
-    def check(self, mlp):
-        if len(self.perm) != mlp.c_fc.weight.shape[0]:
-            raise ValueError(f"perm must be a permutation of 0..{mlp.c_fc.weight.shape[0] - 1}")
+    @classmethod
+    def shape(cls, mlp):
+        return (mlp.c_fc.weight.shape[0],)
 
     def transform(self, params, mlp):
         perm = self.perm.to(params["c_fc.weight"].device)
@@ -316,16 +282,14 @@ class ResidualPermutation(PermutationFactor):
     perm: torch.Tensor  # [D]
     acts_on: ClassVar = GPT
 
-
-    def check(self, model):
-        if len(self.perm) != model.config.n_embd:
-            raise ValueError(f"perm must be a permutation of 0..{model.config.n_embd - 1}")
+    @classmethod
+    def shape(cls, model):
+        return (model.config.n_embd,)
 
     def transform(self, params, model):
         perm = self.perm.to(params["wte.weight"].device)
         return {name: params[name].index_select(axis, perm)
                 for name, axis in residual_axes(model).items() if name in params}
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -336,21 +300,13 @@ class PositionCentring(TranslationFactor):
     c: torch.Tensor  # [block_size]
     acts_on: ClassVar = GPT
 
-
-    def check(self, model):
-        if model.wpe is None:
-            raise ValueError("PositionCentring needs learned positions (rope=False)")
-        if len(self.c) != model.config.block_size:
-            raise ValueError(f"PositionCentring.c needs block_size={model.config.block_size} "
-                             f"entries, got {len(self.c)}")
+    @classmethod
+    def shape(cls, model):
+        """``[block_size]`` with learned positions; none with RoPE."""
+        return (model.config.block_size if model.wpe is not None else 0,)
 
     def transform(self, params, model):
         return {"wpe.weight": params["wpe.weight"] + self.c.to(params["wpe.weight"])[:, None]}
-
-
-    @classmethod
-    def lie_basis(cls, model):
-        return unit_basis((model.config.block_size if model.wpe is not None else 0,))
 
 
 @dataclass(frozen=True, eq=False)
@@ -362,10 +318,9 @@ class EmbeddingShift(TranslationFactor):
     w: torch.Tensor  # [D]
     acts_on: ClassVar = GPT
 
-
-    def check(self, model):
-        if len(self.w) != model.config.n_embd:
-            raise ValueError(f"EmbeddingShift.w needs n_embd={model.config.n_embd} entries")
+    @classmethod
+    def shape(cls, model):
+        return (model.config.n_embd,)
 
     def transform(self, params, model):
         w = self.w.to(params["wte.weight"])
@@ -373,7 +328,6 @@ class EmbeddingShift(TranslationFactor):
         if "wpe.weight" in params:
             out["wpe.weight"] = params["wpe.weight"] - w
         return out
-
 
     @classmethod
     def lie_basis(cls, model):

@@ -78,8 +78,27 @@ class Factor:
             object.__setattr__(self, name, value)
         return self
 
+    @classmethod
+    def shape(cls, module: nn.Module, **options) -> tuple | None:
+        """The shape the factor's parameter must have at ``module`` (``None``: not checked
+        here). ``options`` are the factor's other fields (e.g. which LayerNorm)."""
+        return None
+
+    def options(self) -> dict:
+        """The factor's fields other than its parameter and ``target``."""
+        skip = (_parameter(self), "target")
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in skip}
+
     def check(self, module: nn.Module) -> None:
-        """Raise ``ValueError`` when the factor does not fit ``module`` (a :attr:`acts_on`)."""
+        """Raise ``ValueError`` when the factor does not fit ``module`` (a :attr:`acts_on`): by
+        default, when its parameter's shape is not :meth:`shape`."""
+        expected = self.shape(module, **self.options())
+        name = _parameter(self)
+        actual = tuple(getattr(self, name).shape)
+        if expected is not None and actual != tuple(expected):
+            raise ValueError(f"{type(self).__name__}.{name} has shape {actual}, but "
+                             f"{self.target or 'the module'} needs {tuple(expected)}")
 
     def transform(self, params: dict, module: nn.Module) -> dict:  # pragma: no cover - abstract
         """The action on ``params`` (float64, named relative to ``module``): a new dict with the
@@ -115,10 +134,11 @@ class ContinuousFactor(Factor):
     """A factor of a Lie group: also :meth:`lie_basis` and :meth:`exp`."""
 
     @classmethod
-    def lie_basis(cls, module: nn.Module, **options) -> torch.Tensor:  # pragma: no cover
-        """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64).
-        ``options`` are the factor's other fields (e.g. which LayerNorm)."""
-        raise NotImplementedError
+    def lie_basis(cls, module: nn.Module, **options) -> torch.Tensor:
+        """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64); by
+        default every coordinate of the parameter (:func:`unit_basis` of :meth:`shape`), the
+        algebra of translations and scalings. ``options`` as in :meth:`shape`."""
+        return unit_basis(cls.shape(module, **options))
 
     @classmethod
     def exp(cls, X: torch.Tensor, *, target: str = "", **options) -> "ContinuousFactor":

@@ -46,8 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gaugebook.lie import (GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor,
-                           unit_basis)
+from gaugebook.lie import GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor
 from gaugebook.linalg import check_permutation
 
 __all__ = ["MoE", "MoEOutput", "EXPERT_ACTIVATIONS", "load_balancing_loss", "permute_experts",
@@ -231,9 +230,9 @@ class ExpertPermutation(PermutationFactor):
     perm: torch.Tensor  # [E]
     acts_on: ClassVar = MoE
 
-
-    def check(self, moe):
-        _permutation(self.perm, moe.n_experts, "perm")
+    @classmethod
+    def shape(cls, moe):
+        return (moe.n_experts,)
 
     def transform(self, params, moe):
         perm = self.perm.to(params["W_r"].device)
@@ -256,11 +255,9 @@ class RouterShift(TranslationFactor):
     acts_on: ClassVar = MoE
     shape_doc: ClassVar = "[d_model + router_bias]"
 
-    def check(self, moe):
-        n = moe.d_model + int(moe.has_router_bias)
-        if self.shift.shape != (n,):
-            raise ValueError(f"RouterShift.shift must have shape [{n}], got "
-                             f"{tuple(self.shift.shape)}")
+    @classmethod
+    def shape(cls, moe):
+        return (moe.d_model + int(moe.has_router_bias),)
 
     def transform(self, params, moe):
         shift = self.shift.to(params["W_r"].device)
@@ -268,11 +265,6 @@ class RouterShift(TranslationFactor):
         if moe.has_router_bias:
             out["b_r"] = params["b_r"] + shift[moe.d_model]
         return out
-
-
-    @classmethod
-    def lie_basis(cls, moe):
-        return unit_basis((moe.d_model + int(moe.has_router_bias),))
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,25 +276,20 @@ class ExpertRescaling(ScalingFactor):
     acts_on: ClassVar = MoE
     shape_doc: ClassVar = "[n_experts, d_hidden]"
 
+    @classmethod
+    def shape(cls, moe):
+        return (moe.n_experts, moe.d_hidden if moe.activation == "relu" else 0)
+
     def check(self, moe):
-        if self.a.shape != (moe.n_experts, moe.d_hidden):
-            raise ValueError(f"a must have shape [n_experts, d_hidden] = "
-                             f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(self.a.shape)}")
         if moe.activation != "relu":
             raise ValueError(f"rescaling hidden units is a symmetry of ReLU experts only, "
                              f"this MoE uses {moe.activation!r}")
+        super().check(moe)
 
     def transform(self, params, moe):
         a = self.a.to(params["W_in"].device)
         return {"W_in": params["W_in"] * a[:, None, :], "b_in": params["b_in"] * a,
                 "W_out": params["W_out"] / a[:, :, None]}
-
-
-    @classmethod
-    def lie_basis(cls, moe):
-        shape = (moe.n_experts, moe.d_hidden)
-        return unit_basis(shape)[:None if moe.activation == "relu" else 0]
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,10 +300,9 @@ class ExpertHiddenPermutation(PermutationFactor):
     perm: torch.Tensor  # [E, d_hidden]
     acts_on: ClassVar = MoE
 
-    def check(self, moe):
-        if self.perm.shape != (moe.n_experts, moe.d_hidden):
-            raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
-                             f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(self.perm.shape)}")
+    @classmethod
+    def shape(cls, moe):
+        return (moe.n_experts, moe.d_hidden)
 
     def transform(self, params, moe):
         perm = self.perm.to(params["W_in"].device)  # (E, Dh)
