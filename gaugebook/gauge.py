@@ -79,15 +79,34 @@ def _grouped_basis(per_group: torch.Tensor, n_groups: int) -> torch.Tensor:
     return out.flatten(0, 1)
 
 
+class _GroupMatrices(MatrixFactor):
+    """One matrix per key/value group, ``[n_kv, w, w]`` with ``w`` the module's size named
+    ``width``; the Lie algebra is :meth:`algebra` in every group."""
+
+    acts_on: ClassVar = MultiHeadAttention
+    width: ClassVar[str]
+
+    def check(self, m):
+        X = self.parameter
+        _expect(m, type(self).__name__, n_kv_heads=X.shape[0], **{self.width: X.shape[-1]})
+
+    @classmethod
+    def algebra(cls, m: MultiHeadAttention) -> torch.Tensor:  # pragma: no cover - abstract
+        """A basis ``[k, w, w]`` of the algebra of one group."""
+        raise NotImplementedError
+
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group the basis of :meth:`algebra`, group-major."""
+        return _grouped_basis(cls.algebra(m), m.n_kv_heads)
+
+
 @dataclass(frozen=True, eq=False)
-class QKTransform(MatrixFactor):
+class QKTransform(_GroupMatrices):
     """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
 
     M: torch.Tensor  # [n_kv, d_head, d_head]
-    acts_on: ClassVar = MultiHeadAttention
-
-    def check(self, m):
-        _expect(m, "QKTransform", n_kv_heads=self.M.shape[0], d_head=self.M.shape[-1])
+    width: ClassVar = "d_head"
 
     def transform(self, params, m):
         M = self.M.to(params["W_Q"].device)  # (Hkv, dk, dk)
@@ -98,20 +117,16 @@ class QKTransform(MatrixFactor):
         return out
 
     @classmethod
-    def lie_basis(cls, m):
-        """Per key/value group the basis of :func:`qk_algebra`, group-major."""
-        return _grouped_basis(qk_algebra(m), m.n_kv_heads)
+    def algebra(cls, m):
+        return qk_algebra(m)
 
 
 @dataclass(frozen=True, eq=False)
-class VOTransform(MatrixFactor):
+class VOTransform(_GroupMatrices):
     """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
 
     N: torch.Tensor  # [n_kv, d_value, d_value]
-    acts_on: ClassVar = MultiHeadAttention
-
-    def check(self, m):
-        _expect(m, "VOTransform", n_kv_heads=self.N.shape[0], d_value=self.N.shape[-1])
+    width: ClassVar = "d_value"
 
     def transform(self, params, m):
         N = self.N.to(params["W_V"].device)  # (Hkv, dv, dv)
@@ -121,9 +136,8 @@ class VOTransform(MatrixFactor):
         return out
 
     @classmethod
-    def lie_basis(cls, m):
-        """Per key/value group ``gl(d_value)``, group-major."""
-        return _grouped_basis(gl_basis(m.d_value), m.n_kv_heads)
+    def algebra(cls, m):
+        return gl_basis(m.d_value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,51 +172,59 @@ class HeadPermutation(PermutationFactor):
         return out
 
 
-def _key_coordinates(m: MultiHeadAttention) -> int:
-    """How many coordinates of ``b_K`` translate freely: those RoPE leaves unrotated (none with
-    gated RoPE, whose gates multiply them by an input-dependent factor; none without biases)."""
-    if not m.has_bias or m.rope == "gated":
-        return 0
-    return m.d_head - m.rotary_dim
+class _GroupShift(TranslationFactor):
+    """One bias translation per key/value group, ``t [n_kv, w]`` with ``w`` the module's size
+    named ``width``, on the coordinates :meth:`free` (needs learned biases)."""
+
+    acts_on: ClassVar = MultiHeadAttention
+    shape_doc: ClassVar = "[n_kv_heads, width]"
+    width: ClassVar[str]
+
+    def check(self, m):
+        if not m.has_bias:
+            raise ValueError(f"{type(self).__name__} needs a module with bias=True")
+        _expect(m, type(self).__name__, n_kv_heads=self.t.shape[0],
+                **{self.width: self.t.shape[1]})
+
+    @classmethod
+    def free(cls, m: MultiHeadAttention) -> range:  # pragma: no cover - abstract
+        """The coordinates along which the translation is a symmetry."""
+        raise NotImplementedError
+
+    @classmethod
+    def lie_basis(cls, m):
+        """Per key/value group the unit shifts of the :meth:`free` coordinates, group-major."""
+        units = unit_basis((getattr(m, cls.width),))[list(cls.free(m))]
+        return _grouped_basis(units, m.n_kv_heads)
 
 
 @dataclass(frozen=True, eq=False)
-class KeyBiasShift(TranslationFactor):
+class KeyBiasShift(_GroupShift):
     """``b_K -> b_K + t``: ``q_t . t`` is the same for every key position and cancels in the
     softmax, so a symmetry on the coordinates that RoPE does not rotate (all without RoPE)."""
 
     t: torch.Tensor  # [n_kv, d_head]
-    acts_on: ClassVar = MultiHeadAttention
-    shape_doc: ClassVar = "[n_kv_heads, width]"
-
-    def check(self, m):
-        if not m.has_bias:
-            raise ValueError("KeyBiasShift needs a module with bias=True")
-        _expect(m, "KeyBiasShift", n_kv_heads=self.t.shape[0], d_head=self.t.shape[1])
+    width: ClassVar = "d_head"
 
     def transform(self, params, m):
         return dict(b_K=params["b_K"] + self.t.to(params["b_K"].device))
 
     @classmethod
-    def lie_basis(cls, m):
-        """Per key/value group the unit shifts of the unrotated coordinates, group-major."""
-        units = unit_basis((m.d_head,))[m.d_head - _key_coordinates(m):]
-        return _grouped_basis(units, m.n_kv_heads)
+    def free(cls, m):
+        """The unrotated coordinates; none with gated RoPE (its gates multiply them by an
+        input-dependent factor) and none without biases."""
+        if not m.has_bias or m.rope == "gated":
+            return range(0)
+        return range(m.rotary_dim, m.d_head)
 
 
 @dataclass(frozen=True, eq=False)
-class ValueBiasShift(TranslationFactor):
+class ValueBiasShift(_GroupShift):
     """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``: attention rows sum to one, so
     a value bias is a constant output shift that ``b_O`` takes back."""
 
     t: torch.Tensor  # [n_kv, d_value]
-    acts_on: ClassVar = MultiHeadAttention
-    shape_doc: ClassVar = "[n_kv_heads, width]"
-
-    def check(self, m):
-        if not m.has_bias:
-            raise ValueError("ValueBiasShift needs a module with bias=True")
-        _expect(m, "ValueBiasShift", n_kv_heads=self.t.shape[0], d_value=self.t.shape[1])
+    width: ClassVar = "d_value"
 
     def transform(self, params, m):
         t = self.t.to(params["b_V"].device)  # (Hkv, dv)
@@ -210,10 +232,8 @@ class ValueBiasShift(TranslationFactor):
         return dict(b_V=params["b_V"] + t, b_O=params["b_O"] - shift)
 
     @classmethod
-    def lie_basis(cls, m):
-        """Per key/value group the unit shifts of ``b_V`` (none without biases), group-major."""
-        units = unit_basis((m.d_value,))[:m.d_value if m.has_bias else 0]
-        return _grouped_basis(units, m.n_kv_heads)
+    def free(cls, m):
+        return range(m.d_value if m.has_bias else 0)
 
 
 def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:

@@ -84,6 +84,11 @@ class Factor:
         here). ``options`` are the factor's other fields (e.g. which LayerNorm)."""
         return None
 
+    @property
+    def parameter(self) -> torch.Tensor:
+        """The factor's group parameter (its first field after ``target``)."""
+        return getattr(self, _parameter(self))
+
     def options(self) -> dict:
         """The factor's fields other than its parameter and ``target``."""
         skip = (_parameter(self), "target")
