@@ -48,7 +48,6 @@ import posixpath
 import re
 import sys
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -78,6 +77,8 @@ OPTION = re.compile(r"^:(?P<key>[\w-]+):\s*(?P<value>.*)$")
 INLINE = re.compile(r"\{(?P<role>[a-z][\w:-]*)\}`(?P<content>[^`]+)`|(?P<code>(?P<ticks>`+).+?(?P=ticks))",
                     re.S)
 EXPLICIT = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
+EXERCISE = re.compile(r"^ {0,3}(?:`{3,}|:{3,})\{exercise\}[ \t]*(.*)\n(?::[\w-]+:.*\n)*?:label:\s*(\S+)",
+                      re.M)
 TARGET_LINE = re.compile(r"^\([\w:.-]+\)=\s*$")
 COMMENT_LINE = re.compile(r"^%")
 # what must not be left in the edition's Markdown (tests/test_colab_edition.py uses it)
@@ -108,6 +109,7 @@ class Build:
     bib: dict               # bibtex key -> (authors as cited, year)
     macros: dict            # MathJax macro name -> expansion
     exercises: dict = field(default_factory=dict)  # label -> (docname, title or "")
+    section_ids: dict = field(default_factory=dict)  # docname -> {any id of a section: its first}
 
     def url(self, docname: str, anchor: str = "") -> str:
         return PAGES + docname + ".html" + (f"#{anchor}" if anchor else "")
@@ -118,6 +120,7 @@ class Build:
             if anchor in numbers:
                 return figtype, ".".join(map(str, numbers[anchor]))
         secnums = self.secnumbers.get(docname, {})
+        anchor = self.section_ids.get(docname, {}).get(anchor, anchor)  # as Sphinx: ids[0]
         nums = secnums.get("#" + anchor, secnums.get(""))
         if nums is None:
             raise KeyError(f"{docname}#{anchor} has no number")
@@ -128,27 +131,34 @@ def load_build(build: Path) -> Build:
     """Read the Sphinx environment pickled by ``jupyter-book build`` (needs Sphinx importable)."""
     with open(build / ".doctrees" / "environment.pickle", "rb") as f:
         env = pickle.load(f)
-    std = env.domaindata["std"]
-    citations = {}
-    for citation in env.domaindata["cite"]["citations"]:
-        citations[citation.key] = (env.domaindata["cite"]["bibliography_docnames"]
-                                   if False else _bibliography_doc(env, citation),
-                                   citation.citation_id)
-    exercises = {label: (info["docname"], info.get("title", "") or "")
-                 for label, info in getattr(env, "sphinx_exercise_registry", {}).items()
-                 if info.get("type") == "exercise"}
+    std, cite = env.domaindata["std"], env.domaindata["cite"]
+    citations = {c.key: (c.bibliography_key.docname, c.citation_id) for c in cite["citations"]}
+    exercises = {}
+    for label, info in getattr(env, "sphinx_exercise_registry", {}).items():
+        if info["type"] == "exercise":
+            subtitles = [n.astext() for n in info["node"].children[0].traverse()
+                         if type(n).__name__ == "exercise_subtitle"]
+            exercises[label] = (info["docname"], subtitles[0] if subtitles else "")
     return Build(
         labels=dict(std["labels"]), anonlabels=dict(std["anonlabels"]),
-        terms={name: place for (kind, name), place in std["objects"].items() if kind == "term"},
+        terms={name.lower(): place for (kind, name), place in std["objects"].items()
+               if kind == "term"},
         titles={doc: node.astext() for doc, node in env.titles.items()},
         fignumbers=env.toc_fignumbers, secnumbers=env.toc_secnumbers,
         numfig_format=dict(env.config.numfig_format), citations=citations,
         bib=read_bib([ROOT / f for f in env.config.bibtex_bibfiles]),
-        macros=read_macros(), exercises=exercises)
+        macros=read_macros(), exercises=exercises,
+        section_ids={doc: section_ids(build / ".doctrees" / f"{doc}.doctree")
+                     for doc in env.toc_secnumbers})
 
 
-def _bibliography_doc(env, citation) -> str:
-    return env.domaindata["cite"]["bibliographies"][citation.bibliography_key].docname
+def section_ids(doctree: Path) -> dict:
+    """Every id of every section of a document -> the section's first id (which Sphinx numbers)."""
+    from docutils import nodes
+
+    with open(doctree, "rb") as f:
+        tree = pickle.load(f)
+    return {i: section["ids"][0] for section in tree.findall(nodes.section) for i in section["ids"]}
 
 
 def read_bib(paths) -> dict:
@@ -207,6 +217,7 @@ class Page:
     docname: str
     glue: dict
     build: Build
+    exercise_titles: dict = field(default_factory=dict)  # label -> title as written in MyST
 
     def fail(self, message: str):
         raise ValueError(f"{self.docname}: {message}")
@@ -283,9 +294,21 @@ def render_directive(name: str, arg: str, body: list[str], page: Page) -> str:
 
 
 def exercise_title(label: str, page: Page) -> str:
+    """``Exercise 1.2 (its title)``; the title as the chapter writes it (math and all)."""
     docname, title = page.build.exercises[label]
+    title = page.exercise_titles.get(label, title)
     _, number = page.build.number(docname, label)
     return f"Exercise {number}" + (f" ({convert_inline(title, page)})" if title else "")
+
+
+def exercise_titles(nb) -> dict:
+    """label -> title of each ``{exercise}`` of a notebook's Markdown."""
+    found = {}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for title, label in EXERCISE.findall(cell.source):
+                found[label] = title.strip()
+    return found
 
 
 def markdown_to_html_inline(text: str) -> str:
@@ -352,17 +375,15 @@ def render_role(role: str, content: str, page: Page) -> str:
         return glue_text(content, page, role)
     text, target = split_explicit(content)
     if role == "ref":
-        if target in build.labels:
+        if target in build.exercises:  # the page writes "Exercise 5.1", without its title
+            docname, anchor = build.exercises[target][0], target
+            title = f"Exercise {build.number(docname, target)[1]}"
+        elif target in build.labels:
             docname, anchor, title = build.labels[target]
         elif target in build.anonlabels and text:
-            docname, anchor = build.anonlabels[target]
-            title = text
-        elif target in build.exercises:
-            docname, anchor, title = *build.exercises[target][:1], target, exercise_title(target, page)
+            (docname, anchor), title = build.anonlabels[target], text
         else:
             page.fail(f"unknown label {target!r}")
-        if target in build.exercises and not text:
-            title = exercise_title(target, page)
         return link(text or title, build.url(docname, anchor))
     if role == "numref":
         if target in build.anonlabels:
@@ -371,7 +392,7 @@ def render_role(role: str, content: str, page: Page) -> str:
             docname, anchor = build.labels[target][:2]
         else:
             page.fail(f"unknown label {target!r}")
-        figtype, number = build.number(docname, target if target in build.exercises else anchor)
+        figtype, number = build.number(docname, anchor)
         if text:
             shown = text.replace("{number}", number).replace("%s", number)
         else:
@@ -408,16 +429,18 @@ def glue_text(content: str, page: Page, role: str) -> str:
 
 def citation(role: str, content: str, page: Page) -> str:
     """Author-year citations as the page shows them: ``Name et al. [2026]`` (``:t``), else
-    ``[Name et al., 2026]``, each linked to its bibliography entry."""
+    ``[Name et al., 2026, Other, 2020]``, each linked to its bibliography entry."""
     parts = []
     for key in (k.strip() for k in content.split(",")):
         if key not in page.build.bib or key not in page.build.citations:
             page.fail(f"unknown citation {key!r}")
         names, year = page.build.bib[key]
         url = page.build.url(*page.build.citations[key])
-        parts.append(f"{names} {link(f'[{year}]', url)}" if role == "cite:t"
+        parts.append(f"{names} [{link(year, url)}]" if role == "cite:t"
                      else link(f"{names}, {year}", url))
-    return ", ".join(parts) if role == "cite:t" else "[" + "; ".join(parts) + "]"
+    # brackets around a link stay literal in Markdown (and a backslash-escaped one could read
+    # as a display-math delimiter)
+    return ", ".join(parts) if role == "cite:t" else "[" + ", ".join(parts) + "]"
 
 
 # --- notebooks ---------------------------------------------------------------------------------
@@ -480,29 +503,14 @@ def edition_note(docname: str, version: str) -> str:
             "build that made the page; running the cells recomputes them.*")
 
 
-class _ImageCounter(HTMLParser):
-    """Counts ``<img>`` inside the page's article (the chapter's content)."""
-
-    def __init__(self):
-        super().__init__()
-        self.depth, self.images = 0, 0
-
-    def handle_starttag(self, tag, attrs):
-        if self.depth:
-            self.depth += tag not in ("img", "br", "hr", "input", "meta", "link", "source")
-            self.images += tag == "img"
-        elif tag == "article":
-            self.depth = 1
-
-    def handle_endtag(self, tag):
-        if self.depth:
-            self.depth -= 1
-
-
 def page_images(html_file: Path) -> int:
-    counter = _ImageCounter()
-    counter.feed(html_file.read_text(encoding="utf-8"))
-    return counter.images
+    """Images of the page's content: ``<img>`` inside its ``<article>`` (the theme's logos and
+    launch-button icons lie outside)."""
+    html = html_file.read_text(encoding="utf-8")
+    article = re.search(r"<article\b.*?</article>", html, re.S)
+    if article is None:
+        raise ValueError(f"{html_file} has no <article>")
+    return len(re.findall(r"<img\b", article.group(0)))
 
 
 def notebook_images(nb) -> int:
@@ -534,7 +542,7 @@ def build_edition(build_dir: Path, out: Path) -> list[Path]:
         glue_path = executed_path.with_suffix(".glue.json")
         executed = nbformat.read(executed_path, as_version=4)
         glue = json.loads(glue_path.read_text()) if glue_path.is_file() else {}
-        page = Page(docname, glue, build)
+        page = Page(docname, glue, build, exercise_titles(source))
         nb = convert_notebook(source, executed, page, version)
         nb.cells.insert(1, nbformat.v4.new_markdown_cell(edition_note(docname, version)))
         html_file = build_dir / "html" / f"{docname}.html"

@@ -52,7 +52,7 @@ from pathlib import Path
 import gaugebook
 assert "google.colab" in sys.modules
 where = Path(gaugebook.__file__).resolve()
-assert Path(sys.prefix).resolve() in where.parents, f"gaugebook imported from {where}"
+assert Path(sys.prefix).resolve() in where.parents, f"gaugebook imported from {{where}}"
 assert importlib.metadata.version("gaugebook") == gaugebook.__version__ == {release!r}
 print(f"gaugebook {{gaugebook.__version__}} from {{where.parent}}")
 """
@@ -63,8 +63,15 @@ def release() -> str:
     return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
 
 
-def run(*args, **kwargs):
-    return subprocess.run(args, check=True, **kwargs)
+def run(*args, quiet=False, **kwargs):
+    """Run a command; with ``quiet``, show its output only when it fails."""
+    if not quiet:
+        return subprocess.run(args, check=True, **kwargs)
+    done = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    if done.returncode:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise subprocess.CalledProcessError(done.returncode, args)
+    return done
 
 
 def needs_checkout(nb) -> list[str]:
@@ -82,7 +89,7 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
     py = venv / "bin" / "python"
     torch_args = os.environ.get("TORCH_PIP_ARGS", "").split()
     run(str(py), "-m", "pip", "install", "-q", "-c", str(ROOT / ".ci/requirements.txt"),
-        *torch_args, *PREINSTALLED)
+        *torch_args, *PREINSTALLED, quiet=True)
     found = subprocess.run([str(py), "-c", "import importlib.util as u; "
                             "print(u.find_spec('gaugebook') is None)"],
                            capture_output=True, text=True, check=True, cwd=tmp)
@@ -91,7 +98,7 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
 
     mirror = tmp / "github" / "gaugebook.git"
     run("git", "clone", "-q", "--bare", str(repo), str(mirror))
-    run("git", "-C", str(mirror), "tag", "-f", f"v{version}", "HEAD", stdout=subprocess.DEVNULL)
+    run("git", "-C", str(mirror), "tag", "-f", f"v{version}", "HEAD", quiet=True)
     gitconfig = tmp / "gitconfig"
     gitconfig.write_text(f'[url "file://{mirror}"]\n\tinsteadOf = {REPOSITORY}\n')
 
@@ -102,7 +109,7 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
     startup.mkdir(parents=True)
     (startup / "00-colab.py").write_text("import google.colab  # as Colab's kernel does\n")
     run(str(py), "-m", "ipykernel", "install", "--prefix", str(tmp / "jupyter"), "--name", KERNEL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        quiet=True)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update({

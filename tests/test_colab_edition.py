@@ -161,13 +161,14 @@ def test_references_link_to_the_page(page):
     assert edition.convert_markdown("{numref}`ch01-redundant`", page) == \
         f"[Section 1.2]({url}#ch01-redundant)"
     assert edition.convert_markdown("{numref}`ch01-ex1`", page) == f"[Exercise 1.1]({url}#ch01-ex1)"
+    assert edition.convert_markdown("{ref}`ch01-ex1`", page) == f"[Exercise 1.1]({url}#ch01-ex1)"
     assert edition.convert_markdown("{doc}`02_definition`", page) == \
         f"[Definition]({edition.PAGES}book/02_definition.html)"
     assert edition.convert_markdown("{term}`rank <Jacobian rank>`", page) == \
         f"[rank]({edition.PAGES}book/glossary.html#term-Jacobian-rank)"
     cite = f"({edition.PAGES}book/bibliography.html#id7)"
     assert edition.convert_markdown("{cite:t}`deluca2022born`", page) == \
-        f"De Luca and Silverstein [[2022]]{cite}"
+        f"De Luca and Silverstein [[2022]{cite}]"
     assert edition.convert_markdown("{cite:p}`deluca2022born`", page) == \
         f"[[De Luca and Silverstein, 2022]{cite}]"
 
