@@ -377,7 +377,7 @@ class ECD(Optimizer):
         # per member: F (averaged over DDP ranks), the L2 term, and per parameter v.g and g.g
         grads, penalty, vg, gg = (self._gather_foreach if foreach else self._gather_reference)()
         stats = torch.cat([F_loss, penalty, vg.flatten(), gg.flatten()]).tolist()  # one sync
-        n = len(params)
+        n = vg.shape[1]  # dot products per member: per parameter, or per dtype (global fast path)
         rows = [(stats[r], stats[R + r], stats[2 * R + r * n: 2 * R + (r + 1) * n],
                  stats[2 * R + R * n + r * n: 2 * R + R * n + (r + 1) * n]) for r in range(R)]
         kicks, dots, fresh = self._coefficients(rows, grads)
@@ -396,8 +396,9 @@ class ECD(Optimizer):
         return loss
 
     def _coefficients(self, rows, grads):
-        """Per member: ``kappa / (F - F0)`` (0 for a skipped step) and the dot product
-        :math:`v \\cdot g` of each tensor of the partition (one, global), checked for finiteness.
+        """Per member: ``kappa / (F - F0)`` (0 for a skipped step) and, for each parameter, the dot
+        product :math:`v \\cdot g` of its tensor of the partition (global: of all), from the
+        partial dot products ``rows`` (per parameter, or per dtype), checked for finiteness.
         Counts steps and skipped steps; returns the members that start moving now."""
         eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
         d, params = self.dimension, self._params()
@@ -493,7 +494,8 @@ class ECD(Optimizer):
         return grads, penalty, vg, gg
 
     def _gather_foreach(self):
-        """The same with flat gradients ``{dtype: [R, N]}``."""
+        """The same with flat gradients ``{dtype: [R, N]}``; the dot products per dtype for the
+        global projection."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
@@ -506,11 +508,15 @@ class ECD(Optimizer):
                 g = self._split(grads[dtype][:, start:stop], idx)
                 torch._foreach_add_(g, members, alpha=group["weight_decay"])
         penalty = self._penalties([(group, members) for group, *_, members, _ in self._layout])
-        vg, gg = [None] * len(params), [None] * len(params)
-        for dtype, idx in self._buckets().items():
-            for j, v, g in zip(idx, self._split(self._flat[dtype], idx),
-                               self._split(grads[dtype], idx)):
-                vg[j], gg[j] = _dots(v, g), _dots(g, g)
+        if self._shared("projection") == "global":  # one v.g and g.g per dtype suffice
+            vg = [_dots(self._flat[dtype], g) for dtype, g in grads.items()]
+            gg = [_dots(g, g) for g in grads.values()]
+        else:  # per parameter, summed over the partition's tensors on the host
+            vg, gg = [None] * len(params), [None] * len(params)
+            for dtype, idx in self._buckets().items():
+                for j, v, g in zip(idx, self._split(self._flat[dtype], idx),
+                                   self._split(grads[dtype], idx)):
+                    vg[j], gg[j] = _dots(v, g), _dots(g, g)
         return grads, penalty, torch.stack(vg, dim=1), torch.stack(gg, dim=1)
 
     def _noise(self, r: int) -> dict[torch.dtype, torch.Tensor]:

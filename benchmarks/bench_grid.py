@@ -1,0 +1,160 @@
+"""Grid benchmark: one part of a preset on one device, trained batched against separate
+processes; ECD's step against fused AdamW's, alone and stacked; the cost of the biases.
+
+1. Aggregate tokens/s of the part's runs trained (a) batched (``--batched``: one process per
+   cohort, the cohorts concurrently) and (b) as one process per run, all concurrently. Each run is
+   timed in its steady state, between its evaluations at steps N and 2N (the first N steps absorb
+   compilation); the aggregate is the sum over the runs, which train at the same time. The whole
+   phase's tokens over its wall time (compilation included) are recorded too.
+2. Median seconds of one ECD step (the part's ECD settings) and one fused AdamW step on the
+   preset's model, alone and with the weights of R models stacked (``ECD(members=R)``).
+3. Tokens/s of the trainer on one run with ``bqv`` against the symmetric run.
+
+Every ratio is measured in this run. Usage::
+
+    python benchmarks/bench_grid.py --device cuda --out benchmarks/results/grid_h200.json
+    python benchmarks/bench_grid.py --device cpu --preset paper-smoke --steps 5 --out /tmp/g.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.func import stack_module_state
+
+from gaugebook.data import DefaultCorpus
+from gaugebook.experiment import override, run_many, select_runs, train
+from gaugebook.gpt import GPT
+from gaugebook.optim import ECD, make_optimizer
+from gaugebook.training import cohorts, optimizer_state_bytes, provenance
+
+from bench_training import median_step_seconds
+
+
+def timing_runs(preset: str, part: str, steps: int):
+    """The part's runs, shortened to ``2 steps`` with evaluations at ``steps`` and ``2 steps``."""
+    return [override(cfg, [f"steps={2 * steps}", f"eval_every={steps}", "eval_batches=1",
+                           "probe_instances=1", "checkpoint_every=1000000000",
+                           "max_wall_s=null"])
+            for cfg in select_runs(preset, part)]
+
+
+def aggregate(runs, device: str, *, batched: bool, data_workers: int) -> dict:
+    """Train ``runs`` concurrently (batched cohorts, or one process per run) and sum their
+    steady-state tokens/s."""
+    workers = len(cohorts(runs)) if batched else len(runs)
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        run_many(runs, Path(out), device, workers, batched=batched, data_workers=data_workers)
+        wall = time.perf_counter() - start
+        results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json"))]
+    per_run = {}
+    for r in results:
+        h, cfg = r["history"], r["config"]
+        tokens = (h["step"][-1] - h["step"][0]) * cfg["batch_size"] * cfg["block_size"]
+        per_run[r["name"]] = tokens / (h["wall_s"][-1] - h["wall_s"][0])
+    return {"processes": workers, "per_run_tokens_per_s": per_run,
+            "tokens_per_s": sum(per_run.values()),
+            "phase_tokens_per_s": sum(r["tokens"] for r in results) / wall, "phase_wall_s": wall}
+
+
+def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
+    """Median step seconds of ECD (``cfg``'s settings, ``members`` stacked models or one) and of
+    fused AdamW on the same weights and gradients."""
+    corpus = DefaultCorpus(seed=0)
+    models = []
+    for seed in range(members):
+        torch.manual_seed(seed)
+        models.append(GPT(cfg.model_config(corpus.vocab_size)).to(device))
+    if members == 1:
+        named = dict(models[0].named_parameters())
+    else:
+        stacked, _ = stack_module_state(models)
+        named = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
+    for p in named.values():
+        p.grad = 1e-3 * torch.randn_like(p)
+    loss = torch.full((members,) if members > 1 else (), 5.0, device=device)
+    hp = {k: v for k, v in cfg.optimizer_hp.items() if k != "partition"}
+    if cfg.optimizer_hp.get("partition") == "gpt2":
+        hp["blocks"] = [[named[n] for n in group] for group in models[0].gpt2_tensors()]
+    ecd = ECD(list(named.values()), members=members if members > 1 else None, **hp)
+    adamw = make_optimizer("adamw", list(named.values()), lr=1e-4)
+    out = {"members": members,
+           "ecd_step_s": median_step_seconds(ecd, loss, device, reps),
+           "adamw_step_s": median_step_seconds(adamw, loss, device, reps),
+           "adamw_fused": bool(adamw.defaults.get("fused")),
+           "ecd_state_bytes": optimizer_state_bytes(ecd),
+           "adamw_state_bytes": optimizer_state_bytes(adamw)}
+    out["ecd_over_adamw"] = out["ecd_step_s"] / out["adamw_step_s"]
+    return out
+
+
+def trainer_tokens_per_s(cfg, device: str, data_workers: int) -> float:
+    """Steady-state tokens/s of one run trained alone, between its two evaluations."""
+    with tempfile.TemporaryDirectory() as out:
+        h = train(cfg, Path(out), device, progress=False, data_workers=data_workers)["history"]
+    tokens = (h["step"][-1] - h["step"][0]) * cfg.batch_size * cfg.block_size
+    return tokens / (h["wall_s"][-1] - h["wall_s"][0])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--preset", default="paper")
+    parser.add_argument("--part", default="seed0")
+    parser.add_argument("--steps", type=int, default=100,
+                        help="N: warm-up steps, then N timed steps (per run)")
+    parser.add_argument("--reps", type=int, default=30, help="timed optimizer steps")
+    parser.add_argument("--data-workers", type=int, default=2)
+    parser.add_argument("--skip-separate", action="store_true",
+                        help="measure only the batched aggregate (not the separate processes)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    runs = timing_runs(args.preset, args.part, args.steps)
+    results = {"preset": args.preset, "part": args.part, "steps": args.steps,
+               "runs": [r.name for r in runs],
+               "command": "python benchmarks/bench_grid.py " + " ".join(
+                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                   if v not in (None, False)),
+               "provenance": provenance(device)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every stage, so a run cut short keeps what it measured
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    ecd = next(r for r in runs if r.optimizer == "ecd")
+    largest = max(len(group) for group in cohorts(runs))
+    results["step"] = [step_times(ecd, device, 1, args.reps),
+                       step_times(ecd, device, largest, args.reps)]
+    save()
+    results["batched"] = aggregate(runs, args.device, batched=True,
+                                   data_workers=args.data_workers)
+    save()
+    if not args.skip_separate:
+        results["separate"] = aggregate(runs, args.device, batched=False,
+                                        data_workers=args.data_workers)
+        results["batched_over_separate"] = (results["batched"]["tokens_per_s"]
+                                            / results["separate"]["tokens_per_s"])
+        save()
+    adamw = [r for r in runs if r.optimizer == "adamw"]
+    symmetric = next(r for r in adamw if r.symmetry == "symmetric")
+    broken = next(r for r in adamw if r.symmetry == "bqv")
+    results["bias"] = {"symmetric_tokens_per_s": trainer_tokens_per_s(symmetric, args.device,
+                                                                      args.data_workers),
+                       "bqv_tokens_per_s": trainer_tokens_per_s(broken, args.device,
+                                                                args.data_workers)}
+    results["bias"]["bqv_over_symmetric"] = (results["bias"]["bqv_tokens_per_s"]
+                                             / results["bias"]["symmetric_tokens_per_s"])
+    save()
+    print(json.dumps({k: results[k] for k in results if k not in ("provenance", "runs")},
+                     indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
