@@ -74,11 +74,11 @@ FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|:{3,})\s*(?P<info>.*?)\s
 DIRECTIVE = re.compile(r"^\{(?P<name>[\w:-]+)\}\s*(?P<arg>.*)$")
 OPTION = re.compile(r"^:(?P<key>[\w-]+):\s*(?P<value>.*)$")
 # a role, or an inline code span (left alone); leftmost match wins, so `{x}` in code stays code
-INLINE = re.compile(r"\{(?P<role>[a-z][\w:-]*)\}`(?P<content>[^`]+)`|(?P<code>(?P<ticks>`+).+?(?P=ticks))",
-                    re.S)
+INLINE = re.compile(r"\{(?P<role>[a-z][\w:-]*)\}`(?P<content>[^`]+)`"
+                    r"|(?P<code>(?P<ticks>`+).+?(?P=ticks))", re.S)
 EXPLICIT = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
-EXERCISE = re.compile(r"^ {0,3}(?:`{3,}|:{3,})\{exercise\}[ \t]*(.*)\n(?::[\w-]+:.*\n)*?:label:\s*(\S+)",
-                      re.M)
+EXERCISE = re.compile(r"^ {0,3}(?:`{3,}|:{3,})\{exercise\}[ \t]*(.*)\n"
+                      r"(?::[\w-]+:.*\n)*?:label:\s*(\S+)", re.M)
 TARGET_LINE = re.compile(r"^\([\w:.-]+\)=\s*$")
 COMMENT_LINE = re.compile(r"^%")
 # what must not be left in the edition's Markdown (tests/test_colab_edition.py uses it)
@@ -115,7 +115,7 @@ class Build:
         return PAGES + docname + ".html" + (f"#{anchor}" if anchor else "")
 
     def number(self, docname: str, anchor: str) -> tuple[str, str]:
-        """(figtype, "3.2") of the numbered object ``anchor`` of ``docname``, as Sphinx numbers it."""
+        """(figtype, "3.2"): the number Sphinx gives the object ``anchor`` of ``docname``."""
         for figtype, numbers in self.fignumbers.get(docname, {}).items():
             if anchor in numbers:
                 return figtype, ".".join(map(str, numbers[anchor]))
@@ -136,7 +136,7 @@ def load_build(build: Path) -> Build:
     exercises = {}
     for label, info in getattr(env, "sphinx_exercise_registry", {}).items():
         if info["type"] == "exercise":
-            subtitles = [n.astext() for n in info["node"].children[0].traverse()
+            subtitles = [n.astext() for n in info["node"].children[0].findall()
                          if type(n).__name__ == "exercise_subtitle"]
             exercises[label] = (info["docname"], subtitles[0] if subtitles else "")
     return Build(
@@ -183,7 +183,7 @@ def read_macros() -> dict:
 
 
 def release() -> str:
-    """The version of ``gaugebook/__init__.py`` (the one home of the version), read without importing."""
+    """The version in ``gaugebook/__init__.py`` (its one home), read without importing."""
     text = (ROOT / "gaugebook" / "__init__.py").read_text()
     return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
 
@@ -242,7 +242,8 @@ def convert_markdown(text: str, page: Page) -> str:
         if directive is None:  # a code block: verbatim
             out.append("\n".join(lines[i:end + 1]))
         else:
-            out.append(render_directive(directive["name"], directive["arg"], lines[i + 1:end], page))
+            out.append(render_directive(directive["name"], directive["arg"], lines[i + 1:end],
+                                        page))
         i = end + 1
     if plain:
         out.append(convert_inline("\n".join(plain), page))
@@ -250,7 +251,7 @@ def convert_markdown(text: str, page: Page) -> str:
 
 
 def closing_fence(lines: list[str], start: int, fence: str) -> int:
-    """Index of the line closing the fence opened at ``start`` (same character, at least as long)."""
+    """Index of the line closing the fence opened at ``start`` (same character, as long or more)."""
     close = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}\s*$")
     for j in range(start + 1, len(lines)):
         if close.match(lines[j]):
@@ -414,12 +415,14 @@ def render_role(role: str, content: str, page: Page) -> str:
 
 
 def glue_text(content: str, page: Page, role: str) -> str:
-    """The glued value as myst-nb pastes it: ``key:format`` (format spec ending in its type)."""
+    """The glued value as myst-nb pastes it: ``{glue:text}`key:fmt``` formats it with myst-nb's
+    own function (``fmt`` a format spec ending in its type, ``s`` by default); ``{glue}`key```
+    shows its text as it is."""
     from myst_nb.core.variables import format_plain_text
 
-    key, _, fmt = content.rpartition(":") if ":" in content else (content, "", "s")
-    if role == "glue":
-        key, fmt = content, ""
+    key, fmt = content, "s"
+    if role == "glue:text" and ":" in content:
+        key, fmt = content.rsplit(":", 1)
     data = page.glue.get(key, {}).get("data")
     if data is None or "text/plain" not in data:
         page.fail(f"no glued text for {key!r} in the build")
@@ -446,15 +449,14 @@ def citation(role: str, content: str, page: Page) -> str:
 # --- notebooks ---------------------------------------------------------------------------------
 
 def page_outputs(outputs: list) -> list:
-    """The outputs a reader sees on the page, in forms Colab shows (no widget views)."""
+    """The outputs a reader sees on the page, in forms Colab shows. A widget's view needs a live
+    kernel in Colab (its text form is only a repr), so it goes: running the cell shows it."""
     kept = []
     for output in outputs:
+        if WIDGET_VIEW in output.get("data", {}):
+            continue
         output = copy.deepcopy(output)
-        if "data" in output:
-            output["data"] = {k: v for k, v in output["data"].items() if k != WIDGET_VIEW}
-            if not output["data"]:
-                continue
-            output.get("metadata", {}).pop("scrapbook", None)
+        output.get("metadata", {}).pop("scrapbook", None)
         kept.append(output)
     return kept
 
@@ -468,7 +470,8 @@ def convert_notebook(source, executed, page: Page, version: str):
     """The Colab notebook of one chapter from its source and executed notebooks."""
     if source_hash(source) != source_hash(executed):
         page.fail("the build is older than book/: rebuild it (make book) first")
-    cells = [nbformat.v4.new_code_cell(install_cell_source(version))]
+    cells = [nbformat.v4.new_code_cell(install_cell_source(version)),
+             nbformat.v4.new_markdown_cell(edition_note(page.docname, version))]
     for cell, ran in zip(source.cells, executed.cells):
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type == "markdown":
@@ -498,6 +501,7 @@ def convert_notebook(source, executed, page: Page, version: str):
 
 
 def edition_note(docname: str, version: str) -> str:
+    """The second cell: what this notebook is, and where its page is."""
     return (f"*Colab edition of [this chapter's page]({PAGES}{docname}.html) "
             f"(gaugebook {version}). The numbers in the text and the figures are those of the "
             "build that made the page; running the cells recomputes them.*")
@@ -544,7 +548,6 @@ def build_edition(build_dir: Path, out: Path) -> list[Path]:
         glue = json.loads(glue_path.read_text()) if glue_path.is_file() else {}
         page = Page(docname, glue, build, exercise_titles(source))
         nb = convert_notebook(source, executed, page, version)
-        nb.cells.insert(1, nbformat.v4.new_markdown_cell(edition_note(docname, version)))
         html_file = build_dir / "html" / f"{docname}.html"
         expected, shown = page_images(html_file), notebook_images(nb)
         if expected != shown:

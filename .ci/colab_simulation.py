@@ -75,7 +75,7 @@ def run(*args, quiet=False, **kwargs):
 
 
 def needs_checkout(nb) -> list[str]:
-    """Code lines of the edition that clone the repository (a Colab reader would need a checkout)."""
+    """Code lines that clone the repository: a Colab reader would need a checkout."""
     return [line.strip() for cell in nb.cells if cell.cell_type == "code"
             for line in cell.source.splitlines() if re.search(r"\bgit\s+clone\b", line)]
 

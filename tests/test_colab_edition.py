@@ -123,7 +123,8 @@ def test_edition_not_built_as_pages():
 @pytest.fixture
 def page():
     build = edition.Build(
-        labels={"ch01-redundant": ("book/01_introduction", "ch01-redundant", "What “redundant” means"),
+        labels={"ch01-redundant": ("book/01_introduction", "ch01-redundant",
+                                   "What “redundant” means"),
                 "ch01-fig-path": ("book/01_introduction", "ch01-fig-path", "caption")},
         anonlabels={"ch01-redundant": ("book/01_introduction", "ch01-redundant"),
                     "ch01-fig-path": ("book/01_introduction", "ch01-fig-path"),
@@ -157,7 +158,8 @@ def test_references_link_to_the_page(page):
         f"[What “redundant” means]({url}#ch01-redundant)"
     assert edition.convert_markdown("{ref}`the count <ch01-redundant>`", page) == \
         f"[the count]({url}#ch01-redundant)"
-    assert edition.convert_markdown("{numref}`ch01-fig-path`", page) == f"[Fig. 1.1]({url}#ch01-fig-path)"
+    assert edition.convert_markdown("{numref}`ch01-fig-path`", page) == \
+        f"[Fig. 1.1]({url}#ch01-fig-path)"
     assert edition.convert_markdown("{numref}`ch01-redundant`", page) == \
         f"[Section 1.2]({url}#ch01-redundant)"
     assert edition.convert_markdown("{numref}`ch01-ex1`", page) == f"[Exercise 1.1]({url}#ch01-ex1)"
@@ -175,14 +177,17 @@ def test_references_link_to_the_page(page):
 
 def test_boxes_exercises_and_solutions(page):
     md = edition.convert_markdown(
-        "```{admonition} Correction: $\\GL$\n:class: warning\n\nThe source says {glue:text}`ch01-rank`.\n```\n"
+        "```{admonition} Correction: $\\GL$\n:class: warning\n\n"
+        "The source says {glue:text}`ch01-rank`.\n```\n"
         "\n```{exercise} Predict, then measure\n:label: ch01-ex1\n\nPredict $\\R^n$.\n```\n\n"
-        "````{solution} ch01-ex1\n:class: dropdown\n\nIt is so.\n\n```python\nx = {'a': 1}\n```\n````",
+        "````{solution} ch01-ex1\n:class: dropdown\n\n"
+        "It is so.\n\n```python\nx = {'a': 1}\n```\n````",
         page)
     assert "<div style=\"border-left: 4px solid #e8a317" in md
     assert "**Correction: $\\mathrm{GL}$**" in md and "The source says 156." in md
     assert "**Exercise 1.1 (Predict, then measure)**" in md and "Predict $\\mathbb{R}^n$." in md
-    assert "<details>\n<summary><b>Solution to Exercise 1.1 (Predict, then measure)</b></summary>" in md
+    assert ("<details>\n<summary><b>Solution to Exercise 1.1 (Predict, then measure)</b>"
+            "</summary>") in md
     assert "```python\nx = {'a': 1}\n```" in md and md.endswith("</details>")
     assert not any(p.search(without_code(md)) for _, p in edition.MYST_LEFT)
 
@@ -223,11 +228,15 @@ def test_cells_as_on_the_page(page):
     ])
     executed = nbformat.from_dict(json.loads(json.dumps(source)))
     shown = nbformat.v4.new_output("display_data", {"text/plain": "1"})
+    widget = nbformat.v4.new_output("display_data", {"text/plain": "Explorer(...)",
+                                                     edition.WIDGET_VIEW: {"model_id": "x"}})
     for cell in executed.cells[3:]:
-        cell.outputs = [shown]
+        cell.outputs = [shown, widget]
     nb = edition.convert_notebook(source, executed, page, "9.9.9")
-    assert [c.cell_type for c in nb.cells] == ["code", "markdown", "code", "code", "code", "code"]
-    install, _, folded, no_output, removed, plain = nb.cells
+    assert [c.cell_type for c in nb.cells] == ["code", "markdown", "markdown", "code", "code",
+                                               "code", "code"]
+    install, note, _, folded, no_output, removed, plain = nb.cells
+    assert edition.PAGES + "book/01_introduction.html" in note.source
     assert install.source == edition.install_cell_source("9.9.9") and "@v9.9.9" in install.source
     assert folded.metadata["cellView"] == "form" and folded.source.endswith("x = 1")
     assert folded.outputs == [shown]
@@ -254,6 +263,7 @@ def test_recorded_results_ship_in_the_wheel(tmp_path):
     assert len(recorded) >= 17
     with zipfile.ZipFile(wheel) as z:
         shipped = {n for n in z.namelist() if n.startswith("gaugebook/_recorded/")}
-        assert shipped == {f"gaugebook/_recorded/{p.relative_to(ROOT).as_posix()}" for p in recorded}
-        for path in recorded:
-            assert z.read(f"gaugebook/_recorded/{path.relative_to(ROOT).as_posix()}") == path.read_bytes()
+        inside = {f"gaugebook/_recorded/{p.relative_to(ROOT).as_posix()}": p for p in recorded}
+        assert shipped == set(inside)
+        for name, path in inside.items():
+            assert z.read(name) == path.read_bytes()
