@@ -4,7 +4,10 @@ Attention and its symmetries:
 
 * :mod:`~gaugebook.attention`: per-head attention: MHA, GQA, MQA, RoPE, gated RoPE
 * :mod:`~gaugebook.rope`: rotary position embedding
-* :mod:`~gaugebook.gauge`: the gauge group as objects acting on modules
+* :mod:`~gaugebook.lie`: the one form of every symmetry (factors with their action, inverse,
+  Lie algebra and exponential), tangent vectors, momentum maps and the dimension counts
+* :mod:`~gaugebook.gauge`: the attention gauge group as factors acting on modules
+* :mod:`~gaugebook.gpt_gauge`: the LayerNorm, residual, MLP and embedding symmetries of a GPT
 * :mod:`~gaugebook.redundancy`: Jacobian-rank redundancy and the theory's prediction
 * :mod:`~gaugebook.gpt_redundancy`: the prediction for a whole GPT, term by term
 * :mod:`~gaugebook.projection`: the source's random-projection estimate and a sketched rank
@@ -33,5 +36,6 @@ Book helpers:
 * :mod:`~gaugebook.plots`: the shared figure style (readable in print, colour-blind safe)
 * :mod:`~gaugebook.widgets`: interactive explorers, each with a static fallback
 * :mod:`~gaugebook.notebook`: helpers for the notebooks (Colab and plain Jupyter too)
+* :mod:`~gaugebook.checks`: validation of scalar settings, one wording for every module
 """
 __version__ = "0.1.0"

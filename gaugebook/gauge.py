@@ -23,7 +23,11 @@ With RoPE the QK matrices must commute with every rotation ``R_t``: per rotation
 complex scalar ``a I + b J`` (``a I`` alone for gated RoPE), and any invertible block on the
 unrotated coordinates.
 
-Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``.
+Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``. Each primitive is a
+factor of :mod:`gaugebook.lie` (its action, inverse, and for the continuous ones its Lie algebra
+and exponential); the symmetries of the rest of a GPT block (LayerNorm, residual stream, MLP,
+embeddings) are defined in :mod:`gaugebook.gpt_gauge` and importable from here too, those of a
+mixture of experts in :mod:`gaugebook.moe`.
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescaling,
+                                 LayerNormScale, LayerNormShift, PositionCentring, ReaderCentring,
+                                 ResidualCentring, ResidualPermutation)
 from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
                            gl_basis, identity, rope_commutant_basis, unit_basis)
 from gaugebook.linalg import DTYPE, random_gl, spread
@@ -42,6 +49,11 @@ __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "Key
            "ValueBiasShift", "random_element", "identity", "invariance_error",
            "rope_commutant_element", "attention_modules", "qk_algebra", "grouped_weights",
            "ATTENTION_ALGEBRA"]
+# The rest of a GPT's symmetries are defined in gaugebook.gpt_gauge (and documented there);
+# importable from here as well: gaugebook.gauge is where DESIGN.md section 4 promises them.
+GPT_SYMMETRIES = (EmbeddingShift, HiddenPermutation, HiddenRescaling, LayerNormScale,
+                  LayerNormShift, PositionCentring, ReaderCentring, ResidualCentring,
+                  ResidualPermutation)
 
 
 def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:

@@ -3,7 +3,7 @@ r"""The symmetries of a GPT beyond its attention layers, as factors of :mod:`gau
 Every read from the residual stream goes through a LayerNorm ``y = gamma * n + beta`` whose
 normalised ``n`` has mean zero and fixed length; its *readers* are the weights that multiply
 ``y``: ``W_Q, W_K, W_V`` (and the gates of gated RoPE) after ``ln_1``, the MLP's input layer
-after ``ln_2``. Per block (target: the :class:`~gaugebook.gpt.Block`):
+after ``ln_2``. Per block (target: the ``Block`` of :mod:`gaugebook.gpt`):
 
 * :class:`LayerNormScale` ``s [D]``: ``gamma_i, beta_i -> s_i gamma_i, s_i beta_i`` and row
   ``i`` of every reader over ``s_i``.
@@ -16,7 +16,7 @@ after ``ln_2``. Per block (target: the :class:`~gaugebook.gpt.Block`):
   of the MLP's output weight, the output biases) is removed by every later LayerNorm, so it is
   invisible inside a GPT (not for the block on its own).
 
-Per MLP (target: :class:`~gaugebook.gpt.MLP`): :class:`HiddenRescaling` (PReLU is positively
+Per MLP (target: ``MLP``): :class:`HiddenRescaling` (PReLU is positively
 homogeneous) and :class:`HiddenPermutation`. Per model (target: the :class:`~gaugebook.gpt.GPT`):
 :class:`ResidualPermutation` of the residual features, :class:`PositionCentring`
 ``wpe[t] -> wpe[t] + c_t 1`` and :class:`EmbeddingShift` ``wte -> wte + 1 w^T``,
@@ -136,7 +136,7 @@ class LayerNormShift(TranslationFactor):
 class ReaderCentring(TranslationFactor):
     """Column ``j`` of the readers of ``which`` plus ``u_j / gamma``, its bias minus
     ``(beta . 1/gamma) u_j``; ``u`` runs over the columns of every reader that can take it
-    (:func:`_centring_readers`), in order, each flattened row-major (``[n, c]`` for per-head
+    (all of them without a LayerNorm bias, else those with a bias), in order, each flattened row-major (``[n, c]`` for per-head
     weights)."""
 
     u: torch.Tensor  # [columns]

@@ -2,7 +2,7 @@ r"""Redundant directions of a whole GPT: the attention gauge of every layer, and
 MLP and the tied embedding add (chapter 6).
 
 :func:`redundancy_count` is what :func:`gaugebook.redundancy.predicted_redundancy` returns for
-:class:`gaugebook.gpt.Block` (the block on its own, output the full residual stream),
+a ``Block`` of :mod:`gaugebook.gpt` (the block on its own, output the full residual stream),
 :class:`gaugebook.gpt.GPT` (output: logits) and :class:`LogProbabilities` (output: log-softmax of
 the logits, on which the loss depends). :func:`redundancy_terms` gives the count term by term from a
 :class:`~gaugebook.gpt.GPTConfig` alone, so that GPT-2 small is counted without being built;

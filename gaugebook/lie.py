@@ -97,7 +97,7 @@ class Factor:
 
     def check(self, module: nn.Module) -> None:
         """Raise ``ValueError`` when the factor does not fit ``module`` (a :attr:`acts_on`): by
-        default, when its parameter's shape is not :meth:`shape`."""
+        default, when its parameter's shape is not :meth:`Factor.shape`."""
         expected = self.shape(module, **self.options())
         name = _parameter(self)
         actual = tuple(getattr(self, name).shape)
@@ -141,8 +141,8 @@ class ContinuousFactor(Factor):
     @classmethod
     def lie_basis(cls, module: nn.Module, **options) -> torch.Tensor:
         """``[k, *shape]``: a basis of the family's Lie algebra at ``module`` (float64); by
-        default every coordinate of the parameter (:func:`unit_basis` of :meth:`shape`), the
-        algebra of translations and scalings. ``options`` as in :meth:`shape`."""
+        default every coordinate of the parameter (:func:`unit_basis` of :meth:`Factor.shape`), the
+        algebra of translations and scalings. ``options`` as in :meth:`Factor.shape`."""
         return unit_basis(cls.shape(module, **options))
 
     @classmethod

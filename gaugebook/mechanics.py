@@ -144,7 +144,7 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
     ``momenta``: tensors shaped like the parameters (momenta, or an optimizer's velocities),
     as a mapping keyed by ``model.named_parameters()`` names or a sequence aligned with
     ``model.parameters()``. Returns ``{layer path: Sectors}`` (path ``""`` for a bare
-    :class:`MultiHeadAttention`).
+    :class:`~gaugebook.attention.MultiHeadAttention`).
 
     Computed as the momentum dotted with every generator (:func:`gaugebook.lie.momentum_map`
     of :class:`~gaugebook.gauge.QKTransform` and :class:`~gaugebook.gauge.VOTransform`), of
