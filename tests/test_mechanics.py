@@ -310,3 +310,25 @@ def test_gradient_of_a_gpt_carries_no_charge_unless_the_symmetry_is_broken():
     assert scale > 1e-6
     assert all(s.qk.abs().max() < 1e-10 * scale and s.vo.abs().max() < 1e-10 * scale
                for s in J.values())
+
+
+def test_charges_work_under_inference_mode_and_equal_the_closed_forms_with_rope():
+    """The model-level charges come from differentiating the gauge action (a momentum map);
+    with partial RoPE they are the closed forms projected onto the QK commutant, and a caller
+    under ``torch.inference_mode`` gets the same numbers."""
+    from gaugebook.gauge import grouped_weights, qk_algebra
+    from gaugebook.lie import project
+    a = attention(n_heads=4, n_kv_heads=2, bias=True, rope=True, rotary_dim=2)
+    g = torch.Generator().manual_seed(2)
+    p = {n: torch.randn(q.shape, generator=g, dtype=F64) for n, q in a.named_parameters()}
+    J = charges(a, p)[""]
+    W = grouped_weights(a)
+    aug = {s: torch.cat([p[f"W_{s}"], p[f"b_{s}"][:, None]], 1) for s in "QKV"}  # momenta, grouped
+    PQ, PK, PV = aug["Q"].reshape(2, -1, DK), aug["K"], aug["V"]
+    PO = p["W_O"].reshape(2, 2, DK, D).transpose(1, 2).reshape(2, DK, 2 * D)
+    qk = project(qk_charge(W["Q"], W["K"], PQ, PK), qk_algebra(a))
+    vo = antisym(W["V"].mT @ PV - PO @ W["O"].mT)
+    assert torch.allclose(J.qk, qk, atol=1e-13) and torch.allclose(J.vo, vo, atol=1e-13)
+    with torch.inference_mode():
+        again = charges(a, {n: t.clone() for n, t in p.items()})[""]
+    assert torch.equal(again.qk, J.qk) and torch.equal(again.vo, J.vo)
