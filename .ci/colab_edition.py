@@ -470,6 +470,10 @@ def convert_notebook(source, executed, page: Page, version: str):
     """The Colab notebook of one chapter from its source and executed notebooks."""
     if source_hash(source) != source_hash(executed):
         page.fail("the build is older than book/: rebuild it (make book) first")
+    failed = [i for i, c in enumerate(executed.cells)
+              if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    if failed:
+        page.fail(f"cell {failed[0]} raised when the book was built")
     cells = [nbformat.v4.new_code_cell(install_cell_source(version)),
              nbformat.v4.new_markdown_cell(edition_note(page.docname, version))]
     for cell, ran in zip(source.cells, executed.cells):

@@ -243,6 +243,9 @@ def test_cells_as_on_the_page(page):
     assert no_output.outputs == [] and "cellView" not in no_output.metadata
     assert removed.metadata["cellView"] == "form" and removed.outputs == []
     assert plain.source == "w = 4" and plain.outputs == [shown]
+    executed.cells[6].outputs = [nbformat.v4.new_output("error", ename="E", evalue="", traceback=[])]
+    with pytest.raises(ValueError, match="cell 6 raised"):
+        edition.convert_notebook(source, executed, page, "9.9.9")
     executed.cells[6].source = "w = 5"
     with pytest.raises(ValueError, match="older than book"):
         edition.convert_notebook(source, executed, page, "9.9.9")
