@@ -1,37 +1,56 @@
 #!/usr/bin/env bash
-# One device call: a part of the `gpu` preset (its runs concurrently), then the training
-# benchmarks. Results land in $OUT (the device tool copies them back):
-#   grid.tar      the part's result JSONs (refreshed every 20 s, so an interrupted call keeps
-#                 what finished)        bench_h200.json   benchmarks/bench_training.py output
-#   ecd_commits.json  benchmarks/bench_ecd_commits.py output      grid.log, bench.log, nvidia-smi.csv
-# Usage on the device (repo root): PART=seed0 WALL=200 WORKERS=16 bash benchmarks/gpu_session.sh
-# BENCH=0 skips the benchmarks (e.g. a first call with one part, a second with the next + BENCH=1).
+# One device call (about 9 minutes) for the decisive experiment of Part II (preset `paper`):
+#   1. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library)  gpu_tests.txt
+#   2. one part of the preset `paper` (default: the first of seed0, seed1, seed2 that has no
+#      results in results/gpu/paper), batched, its three cohorts concurrently; runs still going
+#      after WALL seconds are evaluated there and marked truncated      paper.tar, paper.log
+#   3. benchmarks/bench_grid.py on that part (batched vs separate processes, ECD vs fused AdamW,
+#      bqv vs symmetric)                                                grid_h200.json, grid.log
+# Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
+# an interrupted call keeps what finished. Afterwards, here:
+#   tar -xf paper.tar -C results/gpu && git add results/gpu/paper
+# Usage on the device (repo root):  bash benchmarks/gpu_session.sh
+#   PART=seed1 WALL=330 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
+# Rehearsal on a CPU (tiny preset, seconds):  DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
-PART=${PART:-seed0}; WALL=${WALL:-200}; WORKERS=${WORKERS:-16}; GRID_TIMEOUT=${GRID_TIMEOUT:-300}
-BENCH=${BENCH:-1}; BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}; OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/grid
+PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; WALL=${WALL:-330}; TESTS=${TESTS:-1}
+BENCH=${BENCH:-1}; DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
+BENCH_STEPS=${BENCH_STEPS:-60}
+if [ -z "${PART:-}" ]; then  # the first seed part whose 7 results are not all recorded
+  for p in seed0 seed1 seed2; do
+    n=$(ls results/gpu/$PRESET/*-s${p#seed}*.json 2>/dev/null | wc -l)
+    if [ "$n" -lt 7 ]; then PART=$p; break; fi
+  done
+  PART=${PART:-seed0}
+fi
+mkdir -p "$OUT" "/tmp/grid/$PRESET"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # pytorch-optimizer (SOAP) is not in the device image
+if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
-snapshot() { tar -C /tmp -cf "$OUT/grid.tar.tmp" grid && mv "$OUT/grid.tar.tmp" "$OUT/grid.tar"; }
+echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
+  > "$OUT/nvidia-smi.csv"
+if [ "$TESTS" = 1 ]; then
+  start=$(date +%s)
+  timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -n 4 tests/test_gpu.py \
+    tests/test_gauge.py tests/test_alignment.py tests/test_moe.py > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$OUT/gpu_tests.txt")"
+fi
+snapshot() { tar -C /tmp/grid -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
 ( while sleep 20; do snapshot; done ) &
 saver=$!
 start=$(date +%s)
-timeout "$GRID_TIMEOUT" python3 -m gaugebook.experiment --preset gpu --part "$PART" \
-  --out /tmp/grid --workers "$WORKERS" --set max_wall_s="$WALL" > "$OUT/grid.log" 2>&1
-echo "grid exit $? after $(( $(date +%s) - start )) s"
+timeout $(( WALL + 150 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
+  --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
+  --out "/tmp/grid/$PRESET" --set max_wall_s="$WALL" > "$OUT/paper.log" 2>&1
+echo "paper exit $? after $(( $(date +%s) - start )) s"
 kill $saver; snapshot
-ls /tmp/grid
+ls "/tmp/grid/$PRESET"
 [ "$BENCH" = 1 ] || exit 0
 start=$(date +%s)
-timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_training.py --device cuda \
-  --out "$OUT/bench_h200.json" > "$OUT/bench.log" 2>&1
+timeout 150 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" --part "$PART" \
+  --steps "$BENCH_STEPS" --data-workers 2 --out "$OUT/grid_h200.json" > "$OUT/grid.log" 2>&1
 echo "bench exit $? after $(( $(date +%s) - start )) s"
-# the ECD step before (commit of the recorded H200 run) and after the fast-path rewrite; the
-# device has no git: carry .whl/optim_303d9f3.py (git show 303d9f3:gaugebook/optim.py)
-timeout 60 python3 benchmarks/bench_ecd_commits.py --old 303d9f3 --old-file .whl/optim_303d9f3.py \
-  --reps 50 --out "$OUT/ecd_commits.json" >> "$OUT/bench.log" 2>&1
-tail -c 1500 "$OUT/bench.log"
+tail -c 2500 "$OUT/grid.log"

@@ -1,0 +1,58 @@
+"""Checks of the training engine that need a GPU (skipped without one; the GPU session script
+runs them): batched training under bf16 and torch.compile, and the batched paths on CUDA."""
+import json
+
+import pytest
+import torch
+
+from gaugebook.experiment import main, override, select_runs, train, train_batched
+from gaugebook.optim import ECD
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def test_batched_paper_cohort_trains_under_bf16_and_compile(tmp_path):
+    main(["--preset", "paper-smoke", "--part", "seed0", "--batched", "--device", "cuda",
+          "--out", str(tmp_path), "--set", "autocast_bf16=true", "--set", "compile=true",
+          "--set", "steps=20"])
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(results) == 7
+    for r in results:
+        h = r["history"]
+        assert h["val_loss"][-1] < h["val_loss"][0] and len(r["trained_with"]) in (2, 3)
+        assert r["config"]["autocast_bf16"] and r["config"]["compile"]
+
+
+def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
+    cfgs = [override(c, ["steps=20", "eval_every=5"]) for c in select_runs("paper-smoke", "seed0")
+            if c.optimizer == "ecd" and c.tag == "pt"]
+    batched = train_batched(cfgs, tmp_path / "b", "cuda", progress=False)
+    for cfg, result in zip(cfgs, batched):
+        alone = train(cfg, tmp_path / "a", "cuda", progress=False)
+        for x, y in zip(result["history"]["val_loss"], alone["history"]["val_loss"]):
+            assert abs(x - y) <= 1e-4 * abs(y), cfg.name
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
+    torch.manual_seed(0)
+    weights = [torch.randn(3, 50, 40, device="cuda"), torch.randn(3, 40, device="cuda")]
+    targets = torch.randn(3, 64, 40, device="cuda")
+    inputs = torch.randn(3, 64, 50, device="cuda")
+    finals = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        opt = ECD(params, lr=0.1, eta=4.0, F0=-1.0, nu=0.1, members=3, projection=projection,
+                  chaos_seeds=[1, 2, 3], foreach=foreach)
+
+        def closure():
+            opt.zero_grad()
+            out = torch.bmm(inputs, params[0]) + params[1][:, None]
+            loss = ((out - targets) ** 2).mean(dim=(1, 2))
+            loss.sum().backward()
+            return loss
+        for _ in range(10):
+            opt.step(closure)
+        finals.append([p.detach() for p in params])
+    for a, b in zip(*finals):
+        assert (a - b).abs().max() < 1e-4 * b.abs().max()
