@@ -1,0 +1,53 @@
+"""Scoring a model on the 14 logic-puzzle tasks of the default corpus."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gaugebook.data.generator import TASKS, DefaultCorpus
+from gaugebook.data.vocabulary import WordTokenizer
+
+__all__ = ["evaluate_probes"]
+
+
+@torch.no_grad()
+def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_task: int = 64,
+                    device="cpu", context: int | None = None, seed: int = 0,
+                    batch_size: int = 64) -> dict[str, dict[str, float]]:
+    """Score ``model`` on fresh instances of the 14 logic-puzzle tasks.
+
+    The model is called as ``logits, _ = model(idx)`` with ``idx [b, context]``; the logits at the
+    last position predict the first answer token. Returns, for each task and for their ``"mean"``,
+    ``{"loss": cross-entropy of the answer token, "top1": accuracy, "top5": accuracy}``.
+    ``context`` defaults to ``model.config.block_size``.
+    """
+    if not isinstance(tokenizer, WordTokenizer):
+        raise ValueError(f"the probes are written in the default corpus' words: pass a "
+                         f"WordTokenizer, got {type(tokenizer).__name__}")
+    if context is None:
+        context = getattr(getattr(model, "config", None), "block_size", None)
+        if context is None:
+            raise ValueError("pass context=... (the model has no config.block_size)")
+    corpus = DefaultCorpus(tokenizer=tokenizer)
+    was_training = model.training
+    model.eval()
+    scores = {}
+    try:
+        for task in TASKS:
+            prompts, answers = corpus.probes(task, n_per_task, context=context, seed=seed)
+            logits = torch.cat([model(chunk.to(device))[0][:, -1, :].float().cpu()
+                                for chunk in prompts.split(batch_size)])
+            if logits.shape[-1] < tokenizer.vocab_size:
+                raise ValueError(f"the model has {logits.shape[-1]} logits, the tokenizer "
+                                 f"{tokenizer.vocab_size} tokens")
+            top5 = logits.topk(5, dim=-1).indices
+            scores[task] = {
+                "loss": torch.nn.functional.cross_entropy(logits, answers).item(),
+                "top1": (top5[:, 0] == answers).float().mean().item(),
+                "top5": (top5 == answers[:, None]).any(dim=1).float().mean().item(),
+            }
+    finally:
+        model.train(was_training)
+    scores["mean"] = {m: float(np.mean([scores[t][m] for t in TASKS]))
+                      for m in ("loss", "top1", "top5")}
+    return scores
