@@ -84,8 +84,7 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
     """The stand-in Colab under ``tmp``; returns the kernel's environment."""
     start = time.perf_counter()
     venv = tmp / "venv"
-    run(sys.executable if os.environ.get("COLAB_SIM_PYTHON") is None
-        else os.environ["COLAB_SIM_PYTHON"], "-m", "venv", str(venv))
+    run(sys.executable, "-m", "venv", str(venv))
     py = venv / "bin" / "python"
     torch_args = os.environ.get("TORCH_PIP_ARGS", "").split()
     run(str(py), "-m", "pip", "install", "-q", "-c", str(ROOT / ".ci/requirements.txt"),
@@ -119,10 +118,8 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
         "JUPYTER_PATH": str(tmp / "jupyter" / "share" / "jupyter"),
         "GIT_CONFIG_GLOBAL": str(gitconfig), "GIT_CONFIG_NOSYSTEM": "1",
         "PIP_CONSTRAINT": str(ROOT / ".ci/requirements.txt"),
-        "HOME": str(tmp / "home"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     })
-    (tmp / "home").mkdir()
     return env
 
 
