@@ -5,7 +5,8 @@ Usage: python .ci/check_rendered.py [HTML_DIR] [--chromium PATH] [--budget-ms MS
 
 HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0.1 (the handler of
 ``python -m http.server``); Chromium may resolve no other host. Each page under ``HTML_DIR/book/``
-is loaded with ``chromium --headless ... --virtual-time-budget=MS --dump-dom URL`` and must show:
+(the chapters, the appendices and, in ``book/api/``, the API reference) is loaded with
+``chromium --headless ... --virtual-time-budget=MS --dump-dom URL`` and must show:
 
 * math: when the built page holds math for MathJax (elements of class ``math``), at least as many
   ``<mjx-container>`` elements in the DOM (MathJax typeset each of them), no MathJax error
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     html_dir = args.html_dir.resolve()
-    pages = sorted(p.relative_to(html_dir).as_posix() for p in (html_dir / "book").glob("*.html"))
+    pages = sorted(p.relative_to(html_dir).as_posix() for p in (html_dir / "book").rglob("*.html"))
     if not pages:
         print(f"check_rendered: no pages under {html_dir}/book/: build the book first "
               "(jupyter-book build .)", file=sys.stderr)
