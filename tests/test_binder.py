@@ -14,13 +14,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
 import gaugebook
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / ".ci" / "requirements.txt"

@@ -4,10 +4,13 @@ The README's release procedure names every place that must say the version; this
 they all do. (``make test-package`` builds the sdist and wheel themselves and runs ``twine check``.)
 """
 import re
-import tomllib
 from pathlib import Path
 
+import pytest
+
 import gaugebook
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = gaugebook.__version__
