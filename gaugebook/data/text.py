@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gaugebook.data.stream import Batch, check_stream_args, stream_rng, to_device
-from gaugebook.data.vocabulary import check_ids
+from gaugebook.data.vocabulary import Tokenizer
 
 __all__ = ["TINY_SHAKESPEARE_URL", "TINY_SHAKESPEARE_SHA256", "TINY_SHAKESPEARE_BYTES",
            "load_tiny_shakespeare", "CharTokenizer", "text_batches"]
@@ -61,28 +61,20 @@ def load_tiny_shakespeare(cache_dir: str | os.PathLike | None = None,
     return data.decode("utf-8")
 
 
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     """Character-level tokenizer: one id per distinct character of ``text`` (sorted)."""
 
     def __init__(self, text: str):
         if not text:
             raise ValueError("CharTokenizer needs a non-empty text to build its vocabulary")
-        self.chars = sorted(set(text))
+        self.chars = self.symbols = sorted(set(text))
         self.index = {c: i for i, c in enumerate(self.chars)}
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
+    def split(self, text: str) -> list[str]:
+        return list(text)
 
-    def encode(self, text: str) -> list[int]:
-        unknown = sorted(set(text) - self.index.keys())
-        if unknown:
-            raise ValueError(f"characters not in the vocabulary: {unknown[:10]}")
-        return [self.index[c] for c in text]
-
-    def decode(self, ids) -> str:
-        ids = check_ids(ids, self.vocab_size)
-        return "".join(self.chars[i] for i in ids)
+    def unknown(self, symbols: list[str]) -> str:
+        return f"characters not in the vocabulary: {symbols[:10]}"
 
 
 def text_batches(ids, batch_size: int, block_size: int, *, seed: int, device="cpu",

@@ -14,7 +14,7 @@ from functools import cache
 
 import numpy as np
 
-__all__ = ["Category", "WordTokenizer", "default_tokenizer", "check_ids", "VOCAB_SEED",
+__all__ = ["Category", "Tokenizer", "WordTokenizer", "default_tokenizer", "VOCAB_SEED",
            "FUNCTION_WORDS", "QUESTION_WORDS", "PUNCTUATION", "SENTENCE_ENDS"]
 
 
@@ -89,7 +89,7 @@ def _mojibake() -> list[str]:
     return list(seen)
 
 
-def check_ids(ids, vocab_size: int) -> np.ndarray:
+def _checked_ids(ids, vocab_size: int) -> np.ndarray:
     """``ids`` flattened; ValueError when any is outside ``[0, vocab_size)``."""
     ids = np.asarray(ids).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
@@ -97,7 +97,39 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
     return ids
 
 
-class WordTokenizer:
+class Tokenizer:
+    """A fixed vocabulary: ``symbols`` (the string of each id) and their ``index``. Text splits
+    into symbols by :meth:`split` and joins back with ``separator``; subclasses set these."""
+
+    separator = ""
+    symbols: list[str]
+    index: dict[str, int]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.symbols)
+
+    def split(self, text: str) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def unknown(self, symbols: list[str]) -> str:
+        """The error message for symbols not in the vocabulary (sorted)."""
+        return f"not in the vocabulary: {symbols[:10]}"
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of the symbols of ``text``; ValueError naming unknown ones."""
+        symbols = self.split(text)
+        unknown = sorted(set(symbols) - self.index.keys())
+        if unknown:
+            raise ValueError(self.unknown(unknown))
+        return [self.index[x] for x in symbols]
+
+    def decode(self, ids) -> str:
+        ids = _checked_ids(ids, self.vocab_size)
+        return self.separator.join(self.symbols[i] for i in ids)
+
+
+class WordTokenizer(Tokenizer):
     """Word-level tokenizer of the default corpus; words are separated by single spaces.
 
     The vocabulary is fixed in advance (built from ``VOCAB_SEED``): every word, punctuation mark,
@@ -131,6 +163,7 @@ class WordTokenizer:
             "noise": _mojibake(),
         }
         self.words: list[str] = []
+        self.symbols = self.words  # the Tokenizer's name for them
         self.index: dict[str, int] = {}
         categories: list[Category] = []
 
@@ -196,21 +229,13 @@ class WordTokenizer:
                     words.append(word)
         return words
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.words)
+    separator = " "
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of the space-separated words of ``text``; ValueError naming unknown words."""
-        words = text.split()
-        unknown = sorted({w for w in words if w not in self.index})
-        if unknown:
-            raise ValueError(f"{len(unknown)} words are not in the vocabulary, e.g. {unknown[:5]}")
-        return [self.index[w] for w in words]
+    def split(self, text: str) -> list[str]:
+        return text.split()
 
-    def decode(self, ids) -> str:
-        ids = check_ids(ids, self.vocab_size)
-        return " ".join(self.words[i] for i in ids)
+    def unknown(self, symbols: list[str]) -> str:
+        return f"{len(symbols)} words are not in the vocabulary, e.g. {symbols[:5]}"
 
 
 @cache
