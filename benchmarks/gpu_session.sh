@@ -4,6 +4,8 @@
 #   2. one part of the preset `paper` (default: the first of seed0, seed1, seed2 that has no
 #      results in results/gpu/paper), batched, its three cohorts concurrently; runs still going
 #      after WALL seconds are evaluated there and marked truncated      paper.tar, paper.log
+#   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
+#      concurrently                                                    paper_lr.tar, paper_lr.log
 #   3. benchmarks/bench_grid.py on that part (batched vs separate processes, ECD vs fused AdamW,
 #      bqv vs symmetric)                                                grid_h200.json, grid.log
 # Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
@@ -14,7 +16,7 @@
 # Rehearsal on a CPU (tiny preset, seconds):  DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
 PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; WALL=${WALL:-330}; TESTS=${TESTS:-1}
-BENCH=${BENCH:-1}; DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
+BENCH=${BENCH:-1}; LR=${LR:-0}; DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}
 if [ -z "${PART:-}" ]; then  # the first seed part whose 7 results are not all recorded
   for p in seed0 seed1 seed2; do
@@ -48,6 +50,14 @@ timeout $(( WALL + 150 )) python3 -m gaugebook.experiment --preset "$PRESET" --p
 echo "paper exit $? after $(( $(date +%s) - start )) s"
 kill $saver; snapshot
 ls "/tmp/grid/$PRESET"
+if [ "$LR" = 1 ]; then
+  start=$(date +%s)
+  timeout 200 python3 -m gaugebook.experiment --preset paper-lr --workers 8 --device "$DEVICE" \
+    --out /tmp/grid/paper-lr --set steps=2000 --set eval_every=250 --set max_wall_s=150 \
+    > "$OUT/paper_lr.log" 2>&1
+  echo "paper-lr exit $? after $(( $(date +%s) - start )) s"
+  tar -C /tmp/grid -cf "$OUT/paper_lr.tar" paper-lr
+fi
 [ "$BENCH" = 1 ] || exit 0
 start=$(date +%s)
 timeout 150 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" --part "$PART" \

@@ -100,6 +100,16 @@ def _paper_parts(base: dict) -> dict[str, list[RunConfig]]:
             for seed in range(3)}
 
 
+def _paper_lr_parts() -> dict[str, list[RunConfig]]:
+    """AdamW on the `paper` model at four learning rates, symmetric and bqv, seed 0: the sweep
+    behind ``PAPER_ADAMW_LR`` (on a CPU: ``--set steps=... --set compile=false``)."""
+    adamw = next(hp for o, _, hp, _ in PAPER_ARMS if o == "adamw")
+    return {"adamw": [RunConfig(optimizer="adamw", symmetry=s, seed=0, tag=f"lr={lr:g}",
+                                optimizer_hp=dict(adamw, lr=lr), mu_v=0.5 if s == "bqv" else 0.0,
+                                **PAPER)
+                      for s in ("symmetric", "bqv") for lr in (1e-4, 3e-4, 1e-3, 3e-3)]}
+
+
 def _runs(base: dict, optimizers, symmetries, activations, seeds, hp=HP) -> list[RunConfig]:
     return [RunConfig(optimizer=o, symmetry=s, activation=a, seed=seed,
                       optimizer_hp=dict(hp[o]), **base)
@@ -136,6 +146,7 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
         "sweep": _sweep_parts(),
         "paper": _paper_parts(PAPER),
         "paper-smoke": _paper_parts(PAPER_SMOKE),
+        "paper-lr": _paper_lr_parts(),
     }
 
 

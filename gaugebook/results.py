@@ -290,14 +290,18 @@ class Decision:
 def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",
            last: int = LAST_EVALUATIONS) -> Decision:
     """Apply the pre-registered rule to ``arm`` (e.g. ``"ecd-pt"``), ``symmetry`` against
-    ``baseline``, pairing runs by seed; ValueError when a seed lacks its partner or fewer than
-    two seeds pair (no interval)."""
+    ``baseline``, pairing runs by seed; ValueError when a run is truncated (stopped by its time
+    budget before its planned steps), a seed lacks its partner or fewer than two seeds pair (no
+    interval)."""
     from scipy import stats
 
     def by_seed(sym):
         return {r.seed: r for r in runs if r.arm == arm and r.symmetry == sym}
 
     broken, base = by_seed(symmetry), by_seed(baseline)
+    cut = sorted(r.name for r in [*broken.values(), *base.values()] if r.data.get("truncated"))
+    if cut:
+        raise ValueError(f"the rule decides on complete runs only; truncated: {cut} (rerun them)")
     if not broken or set(broken) != set(base):
         raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
                          f"{sorted(base)} do not pair")

@@ -177,6 +177,7 @@ def paper_record(arm, symmetry, seed, final):
                                 final - 0.02, final + 0.02, final - 0.01, final + 0.01, final]
     r["config"]["tag"] = tag
     r["name"] = f"{optimizer}-{symmetry}-prelu-s{seed}" + (f"-{tag}" if tag else "")
+    r["truncated"] = False
     return r
 
 
@@ -209,5 +210,9 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
     assert not decide(small, "adamw", "bqv").helps  # all negative, but mean -0.05 > -0.1
     with pytest.raises(ValueError, match="do not pair"):
         decide([r for r in runs if r.name != "ecd-bqv-prelu-s2-global"], "ecd-global", "bqv")
+    cut = paper_record("ecd-pt", "bq", 0, 3.0) | {"truncated": True}
+    with pytest.raises(ValueError, match="complete runs only.*ecd-bq-prelu-s0-pt"):
+        decide(load_runs(write(tmp_path / "cut", *[r for r in records if r["name"] != cut["name"]],
+                               cut)), "ecd-pt", "bq")
     with pytest.raises(ValueError, match="last 5"):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
