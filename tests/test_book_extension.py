@@ -1,0 +1,55 @@
+"""The book's Sphinx extension (``book/_ext/gaugebook_book.py``): launch buttons at the release
+tag, Colab on the Colab edition, and each inline script once (the ``THEBE_JS_URL`` error)."""
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import gaugebook
+
+_assets = pytest.importorskip("sphinx.builders.html._assets")
+
+PATH = Path(__file__).resolve().parents[1] / "book" / "_ext" / "gaugebook_book.py"
+spec = importlib.util.spec_from_file_location("gaugebook_book", PATH)
+ext = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ext)
+
+REPO = "gaugebook/gaugebook"
+
+
+def test_launch_buttons_open_the_release_tag():
+    config = SimpleNamespace(html_theme_options={"repository_branch": "main"})
+    ext.launch_release(None, config)
+    assert config.html_theme_options["repository_branch"] == f"v{gaugebook.__version__}"
+
+
+def launch_context(pagename, branch="v0.1.0"):
+    buttons = [
+        {"text": "Binder", "url": f"https://mybinder.org/v2/gh/{REPO}/{branch}"
+                                  f"?urlpath=lab/tree/{pagename}.ipynb"},
+        {"text": "Colab", "url": f"https://colab.research.google.com/github/{REPO}/blob/{branch}/"
+                                 f"{pagename}.ipynb"},
+    ]
+    return {"header_buttons": [{"label": "download-buttons", "buttons": []},
+                               {"label": "launch-buttons", "buttons": buttons}]}
+
+
+def test_colab_opens_the_colab_edition_and_binder_the_chapter():
+    context = launch_context("book/05_rope")
+    ext.colab_edition(None, "book/05_rope", "page.html", context, None)
+    binder, colab = context["header_buttons"][1]["buttons"]
+    assert colab["url"] == (f"https://colab.research.google.com/github/{REPO}/blob/v0.1.0/"
+                            "book/colab/05_rope.ipynb")
+    assert binder["url"].endswith("?urlpath=lab/tree/book/05_rope.ipynb")
+
+
+def test_each_inline_script_once():
+    js = _assets._JavaScript
+    body = 'const THEBE_JS_URL = "x"'
+    scripts = [js("_static/doctools.js", priority=200), js(None, body=body), js("", body=body),
+               js("", body="var other = 1")]
+    context = {"script_files": scripts}
+    ext.each_script_once(None, "book/05_rope", "page.html", context, None)
+    assert context["script_files"] is scripts  # the same list, edited in place
+    assert [s.attributes.get("body") for s in scripts] == [None, body, "var other = 1"]
