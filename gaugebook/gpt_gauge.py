@@ -273,18 +273,23 @@ def residual_axes(model: GPT) -> dict[str, int]:
     return axes
 
 
-@dataclass(frozen=True, eq=False)
-class ResidualPermutation(PermutationFactor):
-    """Residual feature ``i`` of the result is feature ``perm[i]``, in every tensor that reads or
-    writes the stream (LayerNorm statistics and the tied unembedding are permutation
-    invariant)."""
+class _PerResidualFeature:
+    """Factors of a GPT whose parameter has one entry per residual feature (``[n_embd]``)."""
 
-    perm: torch.Tensor  # [D]
     acts_on: ClassVar = GPT
 
     @classmethod
     def shape(cls, model):
         return (model.config.n_embd,)
+
+
+@dataclass(frozen=True, eq=False)
+class ResidualPermutation(_PerResidualFeature, PermutationFactor):
+    """Residual feature ``i`` of the result is feature ``perm[i]``, in every tensor that reads or
+    writes the stream (LayerNorm statistics and the tied unembedding are permutation
+    invariant)."""
+
+    perm: torch.Tensor  # [D]
 
     def transform(self, params, model):
         perm = self.perm.to(params["wte.weight"].device)
@@ -310,17 +315,12 @@ class PositionCentring(TranslationFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class EmbeddingShift(TranslationFactor):
+class EmbeddingShift(_PerResidualFeature, TranslationFactor):
     """``wte -> wte + 1 w^T``, ``wpe -> wpe - 1 w^T``: the residual stream is unchanged, and the
     tied unembedding adds ``w . h`` to every logit alike, which log-softmax removes. With RoPE
     (no ``wpe``) only ``w`` along ``1`` is invisible at the input (the LayerNorms remove it)."""
 
     w: torch.Tensor  # [D]
-    acts_on: ClassVar = GPT
-
-    @classmethod
-    def shape(cls, model):
-        return (model.config.n_embd,)
 
     def transform(self, params, model):
         w = self.w.to(params["wte.weight"])
