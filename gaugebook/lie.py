@@ -27,6 +27,33 @@ From these two everything else is derived once, here:
   Noether charges and gradient-flow invariants are its values (:mod:`gaugebook.mechanics`);
 * :func:`project`: the orthogonal projection onto a subalgebra given by an orthogonal basis.
 
+Four kinds of factor share validation, inverse and exponential: :class:`MatrixFactor` (one
+invertible matrix per key/value group), :class:`TranslationFactor` (parameters add),
+:class:`ScalingFactor` (parameters multiply) and :class:`PermutationFactor`; each family declares
+its parameter's shape at a module (:meth:`Factor.shape`). Where each symmetry's formula is:
+
+=========================================================  ====================================
+symmetry                                                   factor
+=========================================================  ====================================
+attention QK (RoPE commutant, GQA tying, partial, gated)   :class:`gaugebook.gauge.QKTransform`
+attention VO                                               :class:`gaugebook.gauge.VOTransform`
+key / value bias shifts                                    ``gauge.KeyBiasShift``,
+                                                           ``gauge.ValueBiasShift``
+head permutations (whole key/value groups)                 ``gauge.HeadPermutation``
+LayerNorm gain, bias, reader centring                      ``gpt_gauge.LayerNormScale``,
+                                                           ``LayerNormShift``, ``ReaderCentring``
+residual centring, residual feature permutation            ``gpt_gauge.ResidualCentring``,
+                                                           ``ResidualPermutation``
+MLP rescaling (PReLU), hidden-unit permutation             ``gpt_gauge.HiddenRescaling``,
+                                                           ``HiddenPermutation``
+embedding shift, position centring                         ``gpt_gauge.EmbeddingShift``,
+                                                           ``PositionCentring``
+MoE router shift, expert permutation, ReLU rescaling,      ``moe.RouterShift``,
+hidden-unit permutation                                    ``ExpertPermutation``,
+                                                           ``ExpertRescaling``,
+                                                           ``ExpertHiddenPermutation``
+=========================================================  ====================================
+
 The dimension formulas of the attention sectors (:func:`attention_terms`) and of the product
 map (:func:`factor_redundancy`) live here too, so that the counts of
 :mod:`gaugebook.redundancy` and :mod:`gaugebook.gpt_redundancy` come from one place.
