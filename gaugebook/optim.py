@@ -653,6 +653,9 @@ class MultiOptimizer:
 
     ``step(closure)`` evaluates the closure once and then steps every optimizer;
     ``param_groups`` and ``state`` are the union of theirs; ``state_dict`` nests theirs.
+    torch's learning-rate schedulers accept only a ``torch.optim.Optimizer``: schedule each of
+    :attr:`optimizers` (``[LambdaLR(o, f) for o in opt.optimizers]``), or set ``group["lr"]`` in
+    :attr:`param_groups`, which are the inner optimizers' own dicts.
     """
 
     def __init__(self, *optimizers: Optimizer):
@@ -697,19 +700,73 @@ def _is_embedding(name: str) -> bool:
     return any(key in name for key in ("wte", "wpe", "embed", "lm_head"))
 
 
+# Per-head attention weights [heads, ., .]: each head's slice is a matrix acting on the residual
+# stream (W_Q, W_K, W_V, the RoPE gates W_GQ, W_GK) or writing into it (W_O).
+HEAD_MATRICES = ("W_Q", "W_K", "W_V", "W_O", "W_GQ", "W_GK")
+
+
+def _muon_matrices(name: str, p: torch.Tensor) -> list[torch.Tensor]:
+    """The matrices Muon orthogonalises in parameter ``name``: a weight matrix of a linear layer
+    (2-D, not an embedding), or every head's slice of a per-head attention weight (3-D), as
+    leaf tensors sharing ``p``'s memory. None for the rest (biases, gains, embeddings)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if p.ndim == 3 and leaf in HEAD_MATRICES:
+        return [torch.nn.Parameter(p.data[h]) for h in range(p.shape[0])]
+    if p.ndim == 2 and leaf == "weight" and not _is_embedding(name):
+        return [p]
+    return []
+
+
+class _HeadSlices(Optimizer):
+    """``torch.optim.Muon`` over 2-D matrices, some of them slices of 3-D parameters: before each
+    step the slices get views of their parameters' gradients, and Muon's in-place update of a
+    slice is the update of its parameter."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, list[torch.Tensor]]], **muon_hp):
+        self.pairs = pairs
+        self.muon = torch.optim.Muon([m for _, ms in pairs for m in ms], **muon_hp)
+        self.param_groups, self.state, self.defaults = (self.muon.param_groups, self.muon.state,
+                                                        self.muon.defaults)
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for p, matrices in self.pairs:
+            if matrices[0] is not p:
+                for h, m in enumerate(matrices):
+                    m.grad = None if p.grad is None else p.grad[h]
+        return self.muon.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, matrices in self.pairs:
+            p.grad = None
+            for m in matrices:
+                m.grad = None
+
+    def state_dict(self) -> dict:
+        return self.muon.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.muon.load_state_dict(state_dict)
+
+
 def _muon(params, lr, *, weight_decay=0.1, betas=(0.9, 0.95), **muon_hp) -> MultiOptimizer:
-    """Muon for the 2-D weight matrices, AdamW (same lr and weight decay) for the rest."""
+    """Muon for the weight matrices (per head for attention), AdamW (same lr and weight decay)
+    for the rest; parameters are routed by name, so they must come with their names."""
     params = list(params)
     if any(isinstance(p, dict) for p in params):
-        raise ValueError("make_optimizer('muon', ...) takes parameters or (name, parameter) pairs, "
-                         "not parameter groups")
-    named = [(None, p) if isinstance(p, torch.Tensor) else tuple(p) for p in params]
-    matrices = [p for n, p in named if p.ndim == 2 and not (n and _is_embedding(n))]
-    others = [p for n, p in named if not (p.ndim == 2 and not (n and _is_embedding(n)))]
+        raise ValueError("make_optimizer('muon', ...) takes (name, parameter) pairs, not "
+                         "parameter groups")
+    if not all(isinstance(p, tuple) and len(p) == 2 for p in params):
+        raise ValueError("Muon routes parameters by their role: pass (name, parameter) pairs, "
+                         "e.g. model.named_parameters()")
+    routed = [(p, _muon_matrices(n, p)) for n, p in params]
     muon_hp.setdefault("adjust_lr_fn", "match_rms_adamw")
     optimizers = []
-    if matrices:
-        optimizers.append(torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, **muon_hp))
+    if any(ms for _, ms in routed):
+        optimizers.append(_HeadSlices([(p, ms) for p, ms in routed if ms], lr=lr,
+                                      weight_decay=weight_decay, **muon_hp))
+    others = [p for p, ms in routed if not ms]
     if others:
         optimizers.append(_adamw(others, lr=lr, weight_decay=weight_decay, betas=betas))
     return MultiOptimizer(*optimizers)
@@ -753,11 +810,12 @@ def make_optimizer(name: str, params: Iterable, **hp):
       is on CUDA or the CPU (unless ``foreach`` is given).
     - ``"sgdm"``: ``torch.optim.SGD`` with Nesterov momentum 0.95.
     - ``"muon"``: ``torch.optim.Muon`` (``adjust_lr_fn="match_rms_adamw"``, so it shares AdamW's
-      ``lr`` and ``weight_decay``, default 0.1) for the 2-D weight matrices; Muon accepts only 2-D
-      parameters, so everything else (biases, LayerNorm gains, per-head 3-D attention weights) and,
-      when ``params`` are ``(name, parameter)`` pairs such as ``model.named_parameters()``, the
-      embeddings and output head (names containing ``wte``, ``wpe``, ``embed``, ``lm_head``) go to
-      AdamW. Returns a :class:`MultiOptimizer`.
+      ``lr`` and ``weight_decay``, default 0.1) for the matrices that act on the residual stream:
+      the weights of linear layers and, one head at a time, the per-head attention weights
+      (``W_Q``, ``W_K``, ``W_V``, ``W_O``, ``[heads, ., .]``); biases (per-head ones included),
+      LayerNorm gains and the embeddings and output head (names containing ``wte``, ``wpe``,
+      ``embed``, ``lm_head``) go to AdamW. ``params`` must be ``(name, parameter)`` pairs such as
+      ``model.named_parameters()``. Returns a :class:`MultiOptimizer`.
     - ``"soap"``: ``SOAP`` from ``pytorch_optimizer`` (its default betas (0.95, 0.95)).
 
     ``lr`` is required for every optimizer; other keyword arguments go to the constructor.

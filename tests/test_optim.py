@@ -396,9 +396,44 @@ def test_muon_gets_the_matrices_adamw_the_rest():
     opt = make_optimizer("muon", model.named_parameters(), lr=1e-3)
     assert isinstance(opt, MultiOptimizer)
     muon, adamw = opt.optimizers
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon.muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     assert [p for g in muon.param_groups for p in g["params"]] == [model["fc"].weight]
     assert len([p for g in adamw.param_groups for p in g["params"]]) == 4  # wte, fc.bias, ln x2
+    with pytest.raises(ValueError, match="named_parameters"):
+        make_optimizer("muon", model.parameters(), lr=1e-3)
+
+
+def test_muon_routes_a_gpt_by_role():
+    """Per-head attention weights go to Muon one head at a time, per-head biases [H, d] to
+    AdamW (the old rule, ``ndim == 2``, did the opposite); a step moves every matrix as Muon."""
+    from gaugebook.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(20, 8, 1, 2, 8, activation="prelu"))
+    opt = make_optimizer("muon", model.named_parameters(), lr=0.02)
+    muon, adamw = opt.optimizers
+    names = {id(p): n for n, p in model.named_parameters()}
+    to_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    to_muon = {names[id(p)] for p, _ in muon.pairs}
+    attn = "blocks.0.attn."
+    assert {attn + w for w in ("W_Q", "W_K", "W_V", "W_O")} | {"blocks.0.mlp.c_fc.weight",
+                                                               "blocks.0.mlp.c_proj.weight"} \
+        == to_muon
+    assert {attn + b for b in ("b_Q", "b_K", "b_V", "b_O")} <= to_adamw and "wte.weight" in to_adamw
+    idx = torch.randint(0, 20, (2, 8))
+    before = model.blocks[0].attn.W_Q.detach().clone()
+    opt.zero_grad()
+    model(idx, idx)[1].backward()
+    grad = model.blocks[0].attn.W_Q.grad.clone()
+    opt.step()
+    delta = model.blocks[0].attn.W_Q.detach() - before  # [H, D, dk]: one orthogonalised step per head
+    reference = torch.optim.Muon([nn.Parameter(before[1].clone())], lr=0.02, weight_decay=0.1,
+                                 adjust_lr_fn="match_rms_adamw")
+    reference.param_groups[0]["params"][0].grad = grad[1]
+    reference.step()
+    assert torch.allclose(before[1] + delta[1], reference.param_groups[0]["params"][0], atol=1e-6)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: 0.5) for o in opt.optimizers]
+    assert all(g["lr"] == 0.01 for g in opt.param_groups) and len(schedulers) == 2
 
 
 @pytest.mark.parametrize("foreach", [True, False])
