@@ -3,10 +3,10 @@
 ``dtype`` runs a test in float32 and float64 (as e3nn's suite does). The group-axiom and
 invariance tests of every symmetry (``test_symmetries.py``), the invariance tests of the
 attention gauge (``test_gauge.py``) and the layer tests of attention and the mixture of experts
-take it, with the round-off allowed by :func:`tolerance`. Tests of quantities the library defines in float64 only (Jacobian ranks,
-orbit dimensions, Noether charges, commutants: they cast to float64 themselves) and tests of
-training, data and results do not: for those a float32 twin would test the cast, not the
-mathematics.
+take it, with the round-off allowed by :func:`tolerance`. Tests of quantities the library
+defines in float64 only (Jacobian ranks, orbit dimensions, Noether charges, commutants: they cast
+to float64 themselves) and tests of training, data and results do not: for those a float32 twin
+would test the cast, not the mathematics.
 """
 import pytest
 import torch
