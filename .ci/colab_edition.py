@@ -540,33 +540,42 @@ def chapters() -> list[str]:
     return [f for f in files if (ROOT / f"{f}.ipynb").is_file()]
 
 
-def build_edition(build_dir: Path, out: Path) -> list[Path]:
+def chapter_edition(docname: str, build_dir: Path, build: Build, version: str):
+    """The Colab notebook of chapter ``docname``, with its metadata, from the build."""
+    source = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    executed_path = build_dir / "jupyter_execute" / f"{docname}.ipynb"
+    glue_path = executed_path.with_suffix(".glue.json")
+    executed = nbformat.read(executed_path, as_version=4)
+    glue = json.loads(glue_path.read_text()) if glue_path.is_file() else {}
+    page = Page(docname, glue, build, exercise_titles(source))
+    nb = convert_notebook(source, executed, page, version)
+    expected, shown = page_images(build_dir / "html" / f"{docname}.html"), notebook_images(nb)
+    if expected != shown:
+        page.fail(f"the page shows {expected} images, the edition {shown}")
+    nb.metadata[METADATA_KEY] = {
+        "source": f"{docname}.ipynb", "source_sha256": source_hash(source),
+        "builder_sha256": builder_hash(), "release": version,
+        "page": build.url(docname), "page_images": expected,
+    }
+    return nb
+
+
+def build_edition(build_dir: Path, out: Path) -> list[str]:
+    """Write every chapter's Colab notebook into ``out``; returns the failures (one line each),
+    after writing the chapters that succeeded."""
     build, version = load_build(build_dir), release()
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    failures = []
     for docname in chapters():
-        source = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
-        executed_path = build_dir / "jupyter_execute" / f"{docname}.ipynb"
-        glue_path = executed_path.with_suffix(".glue.json")
-        executed = nbformat.read(executed_path, as_version=4)
-        glue = json.loads(glue_path.read_text()) if glue_path.is_file() else {}
-        page = Page(docname, glue, build, exercise_titles(source))
-        nb = convert_notebook(source, executed, page, version)
-        html_file = build_dir / "html" / f"{docname}.html"
-        expected, shown = page_images(html_file), notebook_images(nb)
-        if expected != shown:
-            page.fail(f"the page shows {expected} images, the edition {shown}")
-        nb.metadata[METADATA_KEY] = {
-            "source": f"{docname}.ipynb", "source_sha256": source_hash(source),
-            "builder_sha256": builder_hash(), "release": version,
-            "page": build.url(docname), "page_images": expected,
-        }
+        try:
+            nb = chapter_edition(docname, build_dir, build, version)
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            failures.append(str(exc))
+            continue
         path = out / Path(docname).with_suffix(".ipynb").name
         nbformat.write(nb, path)
-        written.append(path)
-        print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
-              f"{len(nb.cells)} cells, {shown} images")
-    return written
+        print(f"{path}: {len(nb.cells)} cells, {notebook_images(nb)} images")
+    return failures
 
 
 def main(argv=None) -> int:
@@ -579,8 +588,10 @@ def main(argv=None) -> int:
     if not (args.build / ".doctrees" / "environment.pickle").is_file():
         print(f"no build in {args.build}: run `make book` first", file=sys.stderr)
         return 1
-    build_edition(args.build, args.out)
-    return 0
+    failures = build_edition(args.build, args.out)
+    for line in failures:
+        print(f"not written: {line}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

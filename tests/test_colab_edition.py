@@ -106,6 +106,7 @@ def test_figures_as_on_the_page(docname):
 
 @pytest.mark.parametrize("docname", CHAPTERS)
 def test_no_machine_paths(docname):
+    colab_notebook(docname)
     text = (COLAB / f"{Path(docname).name}.ipynb").read_text()
     text = re.sub(r"data:image/[\w+.-]+;base64,[A-Za-z0-9+/=\\n]+", "", text)
     assert not MACHINE_PATH.findall(text)
