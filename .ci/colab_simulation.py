@@ -123,12 +123,17 @@ def make_colab(tmp: Path, repo: Path, version: str) -> dict:
     return env
 
 
-def run_chapter(name: str, content: Path, env: dict, version: str) -> float:
+def load_chapter(name: str):
+    """The Colab notebook ``name``, refused when it would need a checkout of the repository."""
     nb = nbformat.read(EDITION / f"{name}.ipynb", as_version=4)
     clones = needs_checkout(nb)
     if clones:
         raise SystemExit(f"[colab-sim] {name} clones the repository ({clones[0]!r}): the results "
                          "it reads must reach Colab with the package")
+    return nb
+
+
+def run_chapter(name: str, nb, content: Path, env: dict, version: str) -> float:
     nb.cells.append(nbformat.v4.new_code_cell(CHECK_CELL.format(release=version)))
     start = time.perf_counter()
     saved = dict(os.environ)
@@ -154,14 +159,15 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
     version = release()
+    notebooks = {name: load_chapter(name) for name in args.chapters}
     tmp = Path(tempfile.mkdtemp(prefix="colab-sim-"))
     assert ROOT not in tmp.parents
     try:
         env = make_colab(tmp, args.repo.resolve(), version)
         content = tmp / "content"
         content.mkdir()
-        for name in args.chapters:
-            run_chapter(name, content, env, version)
+        for name, nb in notebooks.items():
+            run_chapter(name, nb, content, env, version)
     finally:
         if args.keep:
             print(f"[colab-sim] kept {tmp}")
