@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
-from gaugebook.training import (cohorts, optimizer_state_bytes, provenance, train,
+from gaugebook.training import (check_runs, cohorts, optimizer_state_bytes, provenance, train,
                                 train_batched, write_json_atomic)
 
 __all__ = ["RunConfig", "presets", "select_runs", "override", "train", "train_batched",
@@ -265,13 +265,14 @@ def main(argv=None) -> None:
             cohorts(runs)  # refuses optimizers that do not batch, before any training
         if args.workers < 1 or args.data_workers < 0:
             raise ValueError("--workers must be >= 1 and --data-workers >= 0")
+        if args.list:
+            for cfg in runs:
+                print(cfg.name)
+            return
+        out = args.out or Path("runs") / args.preset
+        check_runs(runs, out, args.device)
     except ValueError as e:
         parser.error(str(e))
-    if args.list:
-        for cfg in runs:
-            print(cfg.name)
-        return
-    out = args.out or Path("runs") / args.preset
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         device = args.device
         if device.startswith("cuda"):

@@ -33,14 +33,15 @@ PRELU_INITS = ("constant", "paper")
 PRELU_CONSTANT, PRELU_PAPER_MEAN, PRELU_PAPER_STD = 0.25, 0.2, 1.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     """Shape and options of a :class:`GPT`.
 
     ``n_kv_head`` (default ``n_head``) gives grouped-query attention; ``symmetry_breaking`` is
     ``None``, ``"bq"`` (unlearned query bias) or ``"bqv"`` (query and value biases, the value
     bias with mean ``mu_v``); ``prelu_init`` is ``"constant"`` (every slope 0.25) or
-    ``"paper"`` (one slope per hidden unit from N(0.2, 1.0^2)).
+    ``"paper"`` (one slope per hidden unit from N(0.2, 1.0^2)). Frozen: a changed copy is
+    ``dataclasses.replace(config, ...)``, validated again.
     """
 
     vocab_size: int
@@ -239,6 +240,22 @@ class GPT(nn.Module):
             groups.setdefault(fused.get(name, name), []).append(name)
         return list(groups.values())
 
+    def _check_tokens(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
+        """Token ids in ``[0, vocab_size)``, a non-empty batch, some target not ignored. Skipped
+        while compiling or under vmap (the checks read values to the host)."""
+        if idx.numel() == 0:
+            raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
+        if idx.is_floating_point() or idx.is_complex():
+            raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(idx):
+            return
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{low}, {high}]")
+        if targets is not None and bool((targets == -100).all()):
+            raise ValueError("every target is -100 (ignored): the mean loss has no terms")
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 bias_draws=None):
         """Logits for every position and, with ``targets [B, T]``, the mean cross-entropy.
@@ -246,6 +263,7 @@ class GPT(nn.Module):
         pass."""
         if idx.ndim != 2:
             raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
+        self._check_tokens(idx, targets)
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
@@ -276,10 +294,13 @@ class GPT(nn.Module):
         are the context); ``top_k >= 1`` keeps only the k most likely tokens. Returns
         ``[B, T + new]``. The model runs in eval mode (mean symmetry-breaking biases, no fresh
         draws per token) and gets its training mode back afterwards."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be None or a positive integer, got {top_k}")
+        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+                or temperature <= 0:
+            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+        if top_k is not None and (type(top_k) is not int or top_k < 1):
+            raise ValueError(f"top_k must be None or a positive integer, got {top_k!r}")
+        if type(max_new_tokens) is not int or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         was_training = self.training
         self.eval()
         try:

@@ -17,15 +17,19 @@ The loop is cut into one function per job: :func:`_setup` (models, optimizer, ge
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +46,7 @@ from gaugebook.optim import ECD, make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
 from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
 
-__all__ = ["train", "train_batched", "cohorts", "provenance", "write_json_atomic",
+__all__ = ["train", "train_batched", "cohorts", "check_runs", "provenance", "write_json_atomic",
            "optimizer_state_bytes"]
 
 
@@ -86,22 +90,73 @@ def provenance(device: torch.device) -> dict:
     }
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written result."""
+def _write_atomic(path: Path, write) -> None:
+    """``write(file)`` into a temporary file in ``path``'s folder, flushed to disk, then renamed
+    onto ``path``: never a half-written file, and no temporary file left on failure. A failed
+    write names the path and the free space."""
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(payload, indent=1))
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+        raise OSError(f"cannot write {path}: {error} ({free / 2**20:.1f} MiB free there)") from error
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write ``payload`` as JSON, atomically (:func:`_write_atomic`)."""
+    text = json.dumps(payload, indent=1).encode()  # fails before any file is touched
+    _write_atomic(Path(path), lambda f: f.write(text))
+
+
 def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    _write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def _set_aside(path: Path, error: Exception) -> None:
+    """Move an unreadable ``path`` to ``path.corrupt`` (kept for inspection) with a warning."""
+    aside = path.with_suffix(path.suffix + ".corrupt")
+    os.replace(path, aside)
+    warnings.warn(f"{path} is unreadable ({type(error).__name__}: {error}); moved to {aside}, "
+                  "and the run starts again from its last readable state", RuntimeWarning,
+                  stacklevel=3)
+
+
+@contextlib.contextmanager
+def _run_locks(out: Path, cfgs: list[RunConfig]):
+    """Hold ``<out>/<name>.lock`` for every run: a second process that would write one of these
+    results fails at once, naming it, instead of overwriting it."""
+    handles = []
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
+        for cfg in cfgs:
+            handle = open(out / f"{cfg.name}.lock", "a")
+            handles.append(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(f"another process is training {cfg.name} into {out} (it holds "
+                                   f"{handle.name}): wait for it, or write to another --out"
+                                   ) from None
+        yield
     finally:
+        for handle in handles:  # unlocked and removed: a later run takes a fresh lock
+            Path(handle.name).unlink(missing_ok=True)
+            handle.close()
+
+
+def _remove_stale_temporaries(out: Path, cfgs: list[RunConfig]) -> None:
+    """Temporary files of these runs left by an interrupted write (under the runs' locks no
+    live process owns them)."""
+    for cfg in cfgs:
+        for tmp in [*out.glob(f"{cfg.name}.json.tmp*"),
+                    *(out / "checkpoints").glob(f"*{cfg.name}*.pt.tmp*")]:
+            tmp.unlink(missing_ok=True)
+    for tmp in (out / "checkpoints").glob("batch-*.pt.tmp*"):
         tmp.unlink(missing_ok=True)
 
 
@@ -333,8 +388,13 @@ def _resume(cohort: _Cohort) -> None:
     path = cohort.ckpt_path
     if not path.exists():
         return
-    # on the CPU: random states must stay there; load_state_dict moves the rest
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # on the CPU: random states must stay there; load_state_dict moves the rest
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(ckpt, dict):
+            raise ValueError(f"holds a {type(ckpt).__name__}, not a checkpoint")
+    except Exception as error:  # noqa: BLE001 - truncated, empty or garbage: any unpickling error
+        _set_aside(path, error)
+        return
     if "configs" not in ckpt:
         raise ValueError(f"{path} is a checkpoint of an older format (before batched training): "
                          "delete it to restart this run from step 0")
@@ -570,12 +630,54 @@ def _results(cohort: _Cohort, wall: float) -> list[dict]:
 
 # ----------------------------------------------------------------------------- entry points
 
+def check_runs(runs: list[RunConfig], out: Path, device: str) -> None:
+    """Everything that would otherwise fail after training started, checked before: the
+    device, a writable ``out`` and, for each optimizer setting, that the optimizer accepts it (on
+    a one-layer stand-in of the run's model). ValueError naming the problem."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"--device {device!r} is not a device name ({error})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
+    probe = Path(out) / f".write-probe-{os.getpid()}"
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"cannot write results to {out}: {error}") from None
+    seen = set()
+    for cfg in runs:
+        key = (cfg.optimizer, json.dumps(cfg.optimizer_hp, sort_keys=True), cfg.symmetry)
+        if key in seen:
+            continue
+        seen.add(key)
+        stand_in = dataclasses.replace(cfg.model_config(8), block_size=8, n_layer=1,
+                                       n_embd=2 * cfg.n_head)
+        model = GPT(stand_in)
+        params = dict(model.named_parameters())
+        try:
+            hp = _optimizer_hp(cfg, model, params)
+            make_optimizer(cfg.optimizer, list(params.items()) if cfg.optimizer == "muon"
+                           else list(params.values()), **hp)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{cfg.name}: optimizer_hp {cfg.optimizer_hp} is not accepted by "
+                             f"{cfg.optimizer}: {error}") from None
+
+
 def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
     found = {}
     for cfg in cfgs:
         path = out / f"{cfg.name}.json"
         if path.exists():
-            result = json.loads(path.read_text())
+            try:
+                result = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                _set_aside(path, error)
+                continue
             _check_same_config(cfg, result.get("config"), path)
             found[cfg.name] = result
     return found
@@ -584,8 +686,20 @@ def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
 def _train(cfgs: list[RunConfig], out: Path, device, batched: bool, *, position: int,
            stop_after: int | None, progress: bool, data_workers: int) -> list[dict] | None:
     device = torch.device(device)
-    rank, world = _rank_world()
     out.mkdir(parents=True, exist_ok=True)
+    if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
+        return _train_locked(cfgs, out, device, batched, position=position,
+                             stop_after=stop_after, progress=progress, data_workers=data_workers)
+    with _run_locks(out, cfgs):
+        _remove_stale_temporaries(out, cfgs)
+        return _train_locked(cfgs, out, device, batched, position=position,
+                             stop_after=stop_after, progress=progress, data_workers=data_workers)
+
+
+def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batched: bool, *,
+                  position: int, stop_after: int | None, progress: bool,
+                  data_workers: int) -> list[dict] | None:
+    rank, world = _rank_world()
     done = _existing_results(cfgs, out)
     todo = [cfg for cfg in cfgs if cfg.name not in done]
     if not todo:
@@ -622,6 +736,7 @@ def _train(cfgs: list[RunConfig], out: Path, device, batched: bool, *, position:
     bar.close()
     records = _results(cohort, time.perf_counter() - start)
     if rank == 0:
+        _existing_results(todo, out)  # written meanwhile with other settings? refuse, keep it
         for record in records:
             write_json_atomic(out / f"{record['name']}.json", record)
             (out / f"{record['name']}.error.json").unlink(missing_ok=True)  # an earlier failure

@@ -1,0 +1,148 @@
+"""The engine under bad input and faults: no silent wrong answer, no lost or clobbered result."""
+import dataclasses
+import fcntl
+import json
+import subprocess
+
+import pytest
+import torch
+
+from gaugebook.experiment import RunConfig, main, train
+from gaugebook.gpt import GPT, GPTConfig
+
+
+def tiny(**changes) -> RunConfig:
+    base = dict(optimizer="adamw", symmetry="bqv", n_layer=1, n_head=2, n_embd=16, block_size=32,
+                batch_size=4, steps=8, eval_every=4, eval_batches=1, probe_instances=4,
+                checkpoint_every=4, optimizer_hp=dict(lr=1e-3), mu_v=0.5)
+    return RunConfig(**{**base, **changes})
+
+
+def cli_error(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(argv))
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_second_writer_fails_clearly_instead_of_overwriting(tmp_path):
+    cfg = tiny()
+    with open(tmp_path / f"{cfg.name}.lock", "a") as held:  # another process's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match="another process is training adamw-bqv-prelu-s0"):
+            train(cfg, tmp_path, progress=False)
+    assert not (tmp_path / f"{cfg.name}.json").exists()
+    assert train(cfg, tmp_path, progress=False)["steps_done"] == 8  # free again: it trains
+    assert not list(tmp_path.glob("*.lock"))
+
+
+def test_runs_that_would_share_a_result_file_are_refused(tmp_path, capsys):
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path), "--set",
+                    "symmetry=bqv", "--set", "mu_v=0")
+    assert "would write the same result file" in err and not list(tmp_path.glob("*.json"))
+
+
+def test_dotted_set_merges_into_the_optimizer_settings():
+    from gaugebook.run_config import override
+
+    cfg = override(tiny(optimizer="ecd", optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0)),
+                   ["optimizer_hp.lr=0.5"])
+    assert cfg.optimizer_hp == dict(lr=0.5, eta=100.0, F0=1.0)
+    with pytest.raises(ValueError, match="only optimizer_hp has entries"):
+        override(cfg, ["model.n_layer=3"])
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage \x00\x01", "truncated"])
+def test_a_corrupt_checkpoint_is_set_aside_and_the_run_restarts(tmp_path, content):
+    cfg = tiny()
+    full = train(cfg, tmp_path / "full", progress=False)
+    assert train(cfg, tmp_path / "cut", stop_after=4, progress=False) is None
+    path = tmp_path / "cut" / "checkpoints" / f"{cfg.name}.pt"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if content == "truncated" else content)
+    with pytest.warns(RuntimeWarning, match=r"unreadable.*moved to .*\.pt\.corrupt"):
+        resumed = train(cfg, tmp_path / "cut", progress=False)
+    assert resumed["history"]["val_loss"] == full["history"]["val_loss"]
+    assert (tmp_path / "cut" / "checkpoints" / f"{cfg.name}.pt.corrupt").exists()
+
+
+def test_a_truncated_result_is_set_aside_and_retrained(tmp_path):
+    cfg = tiny()
+    path = tmp_path / f"{cfg.name}.json"
+    path.write_text('{"name": "adamw-bqv')
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        result = train(cfg, tmp_path, progress=False)
+    assert json.loads(path.read_text())["name"] == result["name"]
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    cfg = tiny()
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    stale = [tmp_path / f"{cfg.name}.json.tmp999", tmp_path / "checkpoints" / f"{cfg.name}.pt.tmp9"]
+    for path in stale:
+        path.write_text("half")
+    train(cfg, tmp_path, progress=False)
+    assert not any(path.exists() for path in stale)
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        from gaugebook.training import write_json_atomic
+
+        with pytest.raises(OSError, match=r"cannot write .*big\.json.*MiB free"):
+            write_json_atomic(mount / "big.json", {"x": "y" * 200_000})
+        assert list(mount.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mount)])
+
+
+def test_problems_found_before_training_print_one_clean_line(tmp_path, capsys):
+    if not torch.cuda.is_available():
+        err = cli_error(capsys, "--preset", "cpu-smoke", "--device", "cuda", "--out",
+                        str(tmp_path))
+        assert "torch sees no CUDA device here; use --device cpu" in err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(blocker / "out"))
+    assert "cannot write results to" in err
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
+                    "optimizer_hp.momentum=0.9")
+    assert "is not accepted by" in err and "Traceback" not in err
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
+                    "n_head=3")
+    assert "not divisible by n_head=3" in err
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
+                    "mu_v=0.5")
+    assert "mu_v" in err
+    assert not list((tmp_path / "o").glob("*.json"))
+
+
+def test_gpt_refuses_bad_tokens_and_frozen_configs():
+    torch.manual_seed(0)
+    config = GPTConfig(10, 8, 1, 2, 8)
+    model = GPT(config)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 10\), got \[0, 10\]"):
+        model(torch.tensor([[0, 10]]))
+    with pytest.raises(ValueError, match="token ids"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="empty batch"):
+        model(torch.zeros(0, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer token ids"):
+        model(torch.zeros(1, 4))
+    idx = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="every target is -100"):
+        model(idx, torch.full_like(idx, -100))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_head = 3
+    with pytest.raises(ValueError, match="divisible"):
+        dataclasses.replace(config, n_head=3)
+    for kw, match in [(dict(max_new_tokens=-1), "max_new_tokens"),
+                      (dict(max_new_tokens=2, top_k=1.5), "top_k"),
+                      (dict(max_new_tokens=2, temperature=float("nan")), "temperature")]:
+        with pytest.raises(ValueError, match=match):
+            model.generate(idx, **kw)
