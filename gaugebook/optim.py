@@ -28,32 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from gaugebook.checks import check_finite, check_number
+
 __all__ = ["ECD", "MultiOptimizer", "make_optimizer", "OPTIMIZERS", "PROJECTIONS"]
 
 PROJECTIONS = ("global", "per_tensor")
-
-
-def _number(name: str, value, *, low: float, strict: bool) -> float:
-    """``value`` as a finite float ``> low`` (``strict``) or ``>= low``; ValueError otherwise."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(x) or (x <= low if strict else x < low):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be finite and {relation} {low:g}, got {value!r}")
-    return x
-
-
-def _finite(name: str, value) -> float:
-    """``value`` as a finite float; ValueError otherwise."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    return x
 
 
 def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
@@ -216,11 +195,11 @@ class ECD(Optimizer):
 
     @staticmethod
     def _validate_group(group: dict) -> None:
-        _number("lr", group["lr"], low=0.0, strict=True)
-        _number("eta", group["eta"], low=0.0, strict=True)
-        _number("nu", group["nu"], low=0.0, strict=False)
-        _number("weight_decay", group["weight_decay"], low=0.0, strict=False)
-        _finite("F0", group["F0"])
+        check_number("lr", group["lr"], low=0.0, strict=True)
+        check_number("eta", group["eta"], low=0.0, strict=True)
+        check_number("nu", group["nu"], low=0.0, strict=False)
+        check_number("weight_decay", group["weight_decay"], low=0.0, strict=False)
+        check_finite("F0", group["F0"])
         if group["projection"] not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, "
                              f"got {group['projection']!r}")
