@@ -21,7 +21,9 @@ Training and breaking:
 * :mod:`~gaugebook.mechanics`: Noether charges and gradient-flow invariants
 * :mod:`~gaugebook.optim`: Energy Conserving Descent and the baseline optimizers
 * :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
-* :mod:`~gaugebook.experiment`: presets, the trainer and the command-line runner
+* :mod:`~gaugebook.run_config`: what defines one training run, and which runs batch together
+* :mod:`~gaugebook.training`: the trainer: one run, or several as one batched model
+* :mod:`~gaugebook.experiment`: the presets and the command-line runner
 * :mod:`~gaugebook.results`: loading and comparing result files at equal steps
 * :mod:`~gaugebook.interpret`: the query-offset factor and key alignment by token category
 * :mod:`~gaugebook.moe`: a top-k mixture-of-experts layer and its symmetries
