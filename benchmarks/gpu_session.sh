@@ -11,26 +11,37 @@
 # Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
 # an interrupted call keeps what finished. Afterwards, here:
 #   tar -xf paper.tar -C results/gpu && git add results/gpu/paper
-# Usage on the device (repo root):  bash benchmarks/gpu_session.sh
+# Usage on the device (repo root; it has no git, so name the commit the results come from):
+#   GAUGEBOOK_COMMIT=<git rev-parse HEAD, here> bash benchmarks/gpu_session.sh
 #   PART=seed1 WALL=330 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
 # Rehearsal on a CPU (tiny preset, seconds):  DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
 PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; WALL=${WALL:-330}; TESTS=${TESTS:-1}
 BENCH=${BENCH:-1}; LR=${LR:-0}; DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}
-if [ -z "${PART:-}" ]; then  # the first seed part whose 7 results are not all recorded
-  for p in seed0 seed1 seed2; do
-    n=$(ls results/gpu/$PRESET/*-s${p#seed}*.json 2>/dev/null | wc -l)
-    if [ "$n" -lt 7 ]; then PART=$p; break; fi
-  done
-  PART=${PART:-seed0}
-fi
-mkdir -p "$OUT" "/tmp/grid/$PRESET"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+if [ -z "${PART:-}" ]; then  # the first seed part without all its runs complete (not truncated)
+  PART=$(python3 - "$PRESET" <<'PY'
+import json, sys
+from pathlib import Path
+from gaugebook.experiment import presets
+preset = sys.argv[1]
+for part, runs in presets()[preset].items():
+    files = [Path("results/gpu") / preset / f"{r.name}.json" for r in runs]
+    if not all(f.exists() and not json.loads(f.read_text())["truncated"] for f in files):
+        print(part)
+        break
+else:
+    print("none")
+PY
+)
+  if [ "$PART" = none ]; then echo "every part of $PRESET is complete"; PART=seed0; fi
+fi
+mkdir -p "$OUT" "/tmp/grid/$PRESET"
 echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   > "$OUT/nvidia-smi.csv"
