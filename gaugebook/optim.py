@@ -696,17 +696,15 @@ def _muon_matrices(name: str, p: torch.Tensor) -> list[torch.Tensor]:
     return []
 
 
-class _HeadSlices(Optimizer):
-    """``torch.optim.Muon`` over 2-D matrices, some of them slices of 3-D parameters: before each
-    step the slices get views of their parameters' gradients, and Muon's in-place update of a
-    slice is the update of its parameter."""
+class _HeadMuon(torch.optim.Muon):
+    """``torch.optim.Muon`` over 2-D matrices, some of them slices of 3-D parameters
+    (``pairs``: each parameter with its matrices): before each step the slices get views of their
+    parameters' gradients, and Muon's in-place update of a slice is the update of its
+    parameter."""
 
     def __init__(self, pairs: list[tuple[torch.Tensor, list[torch.Tensor]]], **muon_hp):
+        super().__init__([m for _, ms in pairs for m in ms], **muon_hp)
         self.pairs = pairs
-        self.muon = torch.optim.Muon([m for _, ms in pairs for m in ms], **muon_hp)
-        self.param_groups, self.state, self.defaults = (self.muon.param_groups, self.muon.state,
-                                                        self.muon.defaults)
-        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -714,19 +712,12 @@ class _HeadSlices(Optimizer):
             if matrices[0] is not p:
                 for h, m in enumerate(matrices):
                     m.grad = None if p.grad is None else p.grad[h]
-        return self.muon.step(closure)
+        return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p, matrices in self.pairs:
+        super().zero_grad(set_to_none)
+        for p, _ in self.pairs:
             p.grad = None
-            for m in matrices:
-                m.grad = None
-
-    def state_dict(self) -> dict:
-        return self.muon.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.muon.load_state_dict(state_dict)
 
 
 def _muon(params, lr, *, weight_decay=0.1, betas=(0.9, 0.95), **muon_hp) -> MultiOptimizer:
@@ -743,7 +734,7 @@ def _muon(params, lr, *, weight_decay=0.1, betas=(0.9, 0.95), **muon_hp) -> Mult
     muon_hp.setdefault("adjust_lr_fn", "match_rms_adamw")
     optimizers = []
     if any(ms for _, ms in routed):
-        optimizers.append(_HeadSlices([(p, ms) for p, ms in routed if ms], lr=lr,
+        optimizers.append(_HeadMuon([(p, ms) for p, ms in routed if ms], lr=lr,
                                       weight_decay=weight_decay, **muon_hp))
     others = [p for p, ms in routed if not ms]
     if others:

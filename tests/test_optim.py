@@ -396,7 +396,7 @@ def test_muon_gets_the_matrices_adamw_the_rest():
     opt = make_optimizer("muon", model.named_parameters(), lr=1e-3)
     assert isinstance(opt, MultiOptimizer)
     muon, adamw = opt.optimizers
-    assert isinstance(muon.muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     assert [p for g in muon.param_groups for p in g["params"]] == [model["fc"].weight]
     assert len([p for g in adamw.param_groups for p in g["params"]]) == 4  # wte, fc.bias, ln x2
     with pytest.raises(ValueError, match="named_parameters"):
