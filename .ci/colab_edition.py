@@ -26,11 +26,12 @@ What becomes of the Markdown:
   since Colab's MathJax does not know them.
 
 Anything else in MyST syntax is an error, not a silent pass-through. Code cells are the book's
-own, so running them recomputes what the text states; tags act as on the page: ``remove-input``
-keeps the cell with its input folded (Colab's ``cellView: form``), ``remove-output`` drops the
-outputs, ``hide-input`` keeps the cell, ``remove-cell`` drops a Markdown cell and folds a code
-cell without outputs (later cells may need what it computes). The chapter's own Colab install
-cell is replaced by one that installs the release of ``gaugebook/__init__.py``.
+own, so running them recomputes what the text states. Tags act as on the page: code the page
+hides (``hide-input``, ``remove-input``) is folded (Colab's ``cellView: form``: a title, one
+click from the code) above its outputs; ``remove-output`` drops the outputs; ``remove-cell``
+drops a Markdown cell and folds a code cell without its outputs (later cells may need what it
+computes). The chapter's own Colab install cell is replaced by one that installs the release of
+``gaugebook/__init__.py``; the second cell links the chapter's page.
 
 Each notebook's metadata (``gaugebook_colab``) records the SHA-256 of its source notebook's cells,
 of this script and the release, and the page's image count: ``tests/test_colab_edition.py``
@@ -60,7 +61,11 @@ METADATA_KEY = "gaugebook_colab"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 COLAB_INSTALL_MARK = "google.colab"
-FOLDED_TITLE = "# @title Hidden on the page (only its output shows): run it as any other cell\n"
+# Code the page hides is folded in Colab (cellView "form": the title shows, "Show code" opens it),
+# by the strongest of its tags
+FOLDED = {"remove-cell": "# @title Not on the page; later cells use what it computes\n",
+          "remove-input": "# @title The page shows only this cell's output\n",
+          "hide-input": "# @title Collapsed on the page, as here\n"}
 
 # box colours (left border; the background is the same colour, faint, so both Colab themes read)
 BOX_COLOURS = {"warning": "#e8a317", "caution": "#e8a317", "attention": "#e8a317",
@@ -461,9 +466,12 @@ def page_outputs(outputs: list) -> list:
     return kept
 
 
-def fold(cell):
-    cell.source = FOLDED_TITLE + cell.source
-    cell.metadata["cellView"] = "form"
+def fold(cell, tags: set):
+    """Fold a code cell whose code the page hides (``FOLDED``); others stay as they are."""
+    tag = next((t for t in FOLDED if t in tags), None)
+    if tag is not None:
+        cell.source = FOLDED[tag] + cell.source
+        cell.metadata["cellView"] = "form"
 
 
 def convert_notebook(source, executed, page: Page, version: str):
@@ -492,8 +500,7 @@ def convert_notebook(source, executed, page: Page, version: str):
         if not tags & {"remove-output", "remove-cell"}:
             new.outputs = page_outputs(ran.get("outputs", []))
             new.execution_count = ran.get("execution_count")
-        if tags & {"remove-input", "remove-cell"}:
-            fold(new)
+        fold(new, tags)
         cells.append(new)
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = {

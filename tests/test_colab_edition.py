@@ -226,6 +226,7 @@ def test_cells_as_on_the_page(page):
         nbformat.v4.new_code_cell("y = 2", metadata={"tags": ["remove-output"]}),
         nbformat.v4.new_code_cell("z = 3", metadata={"tags": ["remove-cell"]}),
         nbformat.v4.new_code_cell("w = 4"),
+        nbformat.v4.new_code_cell("v = 5", metadata={"tags": ["hide-input"]}),
     ])
     executed = nbformat.from_dict(json.loads(json.dumps(source)))
     shown = nbformat.v4.new_output("display_data", {"text/plain": "1"})
@@ -235,16 +236,19 @@ def test_cells_as_on_the_page(page):
         cell.outputs = [shown, widget]
     nb = edition.convert_notebook(source, executed, page, "9.9.9")
     assert [c.cell_type for c in nb.cells] == ["code", "markdown", "markdown", "code", "code",
-                                               "code", "code"]
-    install, note, _, folded, no_output, removed, plain = nb.cells
+                                               "code", "code", "code"]
+    install, note, _, folded, no_output, removed, plain, collapsed = nb.cells
     assert edition.PAGES + "book/01_introduction.html" in note.source
     assert install.source == edition.install_cell_source("9.9.9") and "@v9.9.9" in install.source
     assert folded.metadata["cellView"] == "form" and folded.source.endswith("x = 1")
     assert folded.outputs == [shown]
     assert no_output.outputs == [] and "cellView" not in no_output.metadata
     assert removed.metadata["cellView"] == "form" and removed.outputs == []
-    assert plain.source == "w = 4" and plain.outputs == [shown]
-    executed.cells[6].outputs = [nbformat.v4.new_output("error", ename="E", evalue="", traceback=[])]
+    assert plain.source == "w = 4" and plain.outputs == [shown] and "cellView" not in plain.metadata
+    assert collapsed.metadata["cellView"] == "form" and collapsed.source.endswith("\nv = 5")
+    assert collapsed.source.startswith("# @title ") and collapsed.outputs == [shown]
+    executed.cells[6].outputs = [nbformat.v4.new_output("error", ename="E", evalue="",
+                                                         traceback=[])]
     with pytest.raises(ValueError, match="cell 6 raised"):
         edition.convert_notebook(source, executed, page, "9.9.9")
     executed.cells[6].source = "w = 5"
