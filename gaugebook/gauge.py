@@ -91,16 +91,37 @@ def _grouped_basis(per_group: torch.Tensor, n_groups: int) -> torch.Tensor:
     return out.flatten(0, 1)
 
 
-class _GroupMatrices(MatrixFactor):
-    """One matrix per key/value group, ``[n_kv, w, w]`` with ``w`` the module's size named
-    ``width``; the Lie algebra is :meth:`algebra` in every group."""
+class _FactorPair(MatrixFactor):
+    """The action shared by the QK and VO sectors: one matrix ``M [n_kv, w, w]`` per key/value
+    group (``w`` the module's size named ``width``) acting on the sector's factor pair,
+    ``X -> X M``, ``Y -> Y M^{-T}``, which leaves ``X Y^T`` unchanged. ``sides`` says which
+    parameters are rows of ``X`` or ``Y`` and whether they are indexed by query head (then the
+    group's matrix repeats over its ``G`` heads) or by key/value group; ``W_O`` enters as
+    ``Y = W_O^T``. The Lie algebra is :meth:`algebra` in every group."""
 
     acts_on: ClassVar = MultiHeadAttention
     width: ClassVar[str]
+    sides: ClassVar[dict[str, tuple[str, bool]]]  # name -> ("X" | "Y" | "Y^T", per query head)
 
     def check(self, m):
         X = self.parameter
         _expect(m, type(self).__name__, n_kv_heads=X.shape[0], **{self.width: X.shape[-1]})
+
+    def transform(self, params, m):
+        M = self.parameter.to(next(iter(params.values())).device)  # (Hkv, w, w)
+        dual = torch.linalg.inv(M).mT  # M^{-T}
+        by_side = {"X": M, "Y": dual, "Y^T": dual}
+        out = {}
+        for name, (side, per_head) in self.sides.items():
+            if name not in params:  # a bias of a module without biases
+                continue
+            A = _per_group(by_side[side], m) if per_head else by_side[side]
+            x = params[name]
+            if side == "Y^T":  # W_O = Y^T -> (Y M^{-T})^T = M^{-1} W_O
+                out[name] = A.mT @ x
+            else:  # weights [..., n, D, w] and biases [..., n, w] as rows
+                out[name] = _row(x, A) if name.startswith("b_") else x @ A
+        return out
 
     @classmethod
     def algebra(cls, m: MultiHeadAttention) -> torch.Tensor:  # pragma: no cover - abstract
@@ -114,19 +135,14 @@ class _GroupMatrices(MatrixFactor):
 
 
 @dataclass(frozen=True, eq=False)
-class QKTransform(_GroupMatrices):
-    """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike)."""
+class QKTransform(_FactorPair):
+    """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike): the pair
+    ``X = [W_Q; b_Q]`` (the group's query heads), ``Y = [W_K; b_K]``."""
 
     M: torch.Tensor  # [n_kv, d_head, d_head]
     width: ClassVar = "d_head"
-
-    def transform(self, params, m):
-        M = self.M.to(params["W_Q"].device)  # (Hkv, dk, dk)
-        M_q, M_invT = _per_group(M, m), torch.linalg.inv(M).mT  # (H, dk, dk), (Hkv, dk, dk)
-        out = dict(W_Q=params["W_Q"] @ M_q, W_K=params["W_K"] @ M_invT)
-        if m.has_bias:
-            out.update(b_Q=_row(params["b_Q"], M_q), b_K=_row(params["b_K"], M_invT))
-        return out
+    sides: ClassVar = {"W_Q": ("X", True), "b_Q": ("X", True), "W_K": ("Y", False),
+                       "b_K": ("Y", False)}
 
     @classmethod
     def algebra(cls, m):
@@ -134,18 +150,13 @@ class QKTransform(_GroupMatrices):
 
 
 @dataclass(frozen=True, eq=False)
-class VOTransform(_GroupMatrices):
-    """``W_V -> W_V N``, ``W_O -> N^{-1} W_O`` per key/value group (``b_V -> b_V N``)."""
+class VOTransform(_FactorPair):
+    """``W_V -> W_V N``, ``b_V -> b_V N``, ``W_O -> N^{-1} W_O`` per key/value group: the pair
+    ``X = [W_V; b_V]``, ``Y = W_O^T`` (the group's output matrices)."""
 
     N: torch.Tensor  # [n_kv, d_value, d_value]
     width: ClassVar = "d_value"
-
-    def transform(self, params, m):
-        N = self.N.to(params["W_V"].device)  # (Hkv, dv, dv)
-        out = dict(W_V=params["W_V"] @ N, W_O=_per_group(torch.linalg.inv(N), m) @ params["W_O"])
-        if m.has_bias:
-            out["b_V"] = _row(params["b_V"], N)
-        return out
+    sides: ClassVar = {"W_V": ("X", False), "b_V": ("X", False), "W_O": ("Y^T", True)}
 
     @classmethod
     def algebra(cls, m):
