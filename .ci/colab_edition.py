@@ -173,7 +173,7 @@ def read_bib(paths) -> dict:
     bib = {}
     for path in paths:
         for key, entry in parse_file(str(path)).entries.items():
-            last = [" ".join(p.last_names).replace("{", "").replace("}", "")
+            last = [" ".join(p.prelast_names + p.last_names).replace("{", "").replace("}", "")
                     for p in entry.persons.get("author", [])]
             names = (last[0] if len(last) == 1 else f"{last[0]} and {last[1]}" if len(last) == 2
                      else f"{last[0]} et al.")
@@ -194,6 +194,7 @@ def release() -> str:
 
 
 def install_cell_source(version: str) -> str:
+    """The first cell: in Colab only, install the release ``version`` from its git tag."""
     return ("# Colab only: install the gaugebook release this edition was built from\n"
             "import importlib.util, sys\n"
             'if "google.colab" in sys.modules and importlib.util.find_spec("gaugebook") is None:\n'
@@ -210,6 +211,7 @@ def source_hash(nb) -> str:
 
 
 def builder_hash() -> str:
+    """SHA-256 of this script: a changed converter makes the edition stale too."""
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
@@ -265,6 +267,7 @@ def closing_fence(lines: list[str], start: int, fence: str) -> int:
 
 
 def split_options(body: list[str]) -> tuple[dict, str]:
+    """A directive's ``:key: value`` lines and the content after them."""
     options, i = {}, 0
     while i < len(body) and (m := OPTION.match(body[i])):
         options[m["key"]] = m["value"]
@@ -273,6 +276,8 @@ def split_options(body: list[str]) -> tuple[dict, str]:
 
 
 def box(title: str, content: str, kind: str) -> str:
+    """A titled box: a ``<div>`` with a coloured left border around Markdown (blank lines
+    around the content, so that Markdown inside the HTML block is still Markdown)."""
     colour = BOX_COLOURS.get(kind, BOX_COLOURS["admonition"])
     style = (f"border-left: 4px solid {colour}; background: {colour}1a; "
              "padding: 0.1em 1em; margin: 1em 0;")
@@ -280,6 +285,7 @@ def box(title: str, content: str, kind: str) -> str:
 
 
 def render_directive(name: str, arg: str, body: list[str], page: Page) -> str:
+    """The Colab form of the directive ``{name} arg`` with the lines ``body``."""
     options, content = split_options(body)
     if name == "admonition":
         kind = (options.get("class", "").split() or ["admonition"])[0]
@@ -325,6 +331,7 @@ def markdown_to_html_inline(text: str) -> str:
 
 
 def glue_figure(key: str, options: dict, caption: str, page: Page) -> str:
+    """The glued image as a ``data:`` URI with its alt text, then its numbered caption."""
     data = page.glue.get(key, {}).get("data", {})
     mime = next((m for m in IMAGE_MIMES if m in data), None)
     if mime is None:
@@ -356,6 +363,7 @@ def convert_inline(text: str, page: Page) -> str:
 
 
 def expand_macros(text: str, macros: dict) -> str:
+    """Replace the book's MathJax macros (``\\GL`` -> ``\\mathrm{GL}``) in ``text``."""
     if not macros:
         return text
     pattern = re.compile(r"\\(" + "|".join(map(re.escape, macros)) + r")(?![A-Za-z])")
@@ -363,19 +371,23 @@ def expand_macros(text: str, macros: dict) -> str:
 
 
 def escape_markdown(text: str) -> str:
+    """``text`` shown literally in Markdown (a glued value may hold ``*``, ``_``, ``$``...)."""
     return re.sub(r"([\\`*_\[\]<>$|])", r"\\\1", text)
 
 
 def link(text: str, url: str) -> str:
+    """A Markdown link."""
     return f"[{text}]({url})"
 
 
 def split_explicit(content: str) -> tuple[str | None, str]:
+    """``"text <target>"`` -> (text, target); ``"target"`` -> (None, target)."""
     m = EXPLICIT.match(content)
     return (m["text"], m["target"].strip()) if m else (None, content.strip())
 
 
 def render_role(role: str, content: str, page: Page) -> str:
+    """The Colab form of the role ``{role}`content```: a value, or a link with the page's text."""
     build = page.build
     if role in ("glue:text", "glue"):
         return glue_text(content, page, role)
