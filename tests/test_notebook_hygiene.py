@@ -20,8 +20,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 BOOK = Path(__file__).resolve().parent.parent / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 HIDDEN_TAGS = {"remove-input", "remove-cell", "hide-input"}
