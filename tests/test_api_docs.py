@@ -1,8 +1,9 @@
 """The API appendix (``book/api/``) documents every public module, class and function, and no
 private helper.
 
-One page per public module of ``gaugebook`` (a module whose name has no leading underscore), and
-the table of contents takes them all (a glob). The pages are built here with the book's own
+One page per public module of ``gaugebook`` (a module whose name has no leading underscore; a
+subpackage such as ``gaugebook.data`` is documented through the ``__all__`` of its ``__init__``,
+which is its public face), and the table of contents takes them all (a glob). The pages are built here with the book's own
 ``_config.yml``, strictly (``-W -n``: every cross-reference resolves), and the HTML must hold an
 entry for every public class and function (a module's ``__all__``, or else the names without a
 leading underscore that the module defines) and none whose name starts with an underscore.
