@@ -282,7 +282,8 @@ ATTENTION_ALGEBRA = (QKTransform, VOTransform, KeyBiasShift, ValueBiasShift)
 
 
 def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
-    """Every :class:`MultiHeadAttention` inside ``module`` (itself included), with its path."""
+    """Every :class:`~gaugebook.attention.MultiHeadAttention` inside ``module`` (itself
+    included), with its path."""
     return [(name, m) for name, m in module.named_modules() if isinstance(m, MultiHeadAttention)]
 
 

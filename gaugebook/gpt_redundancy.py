@@ -96,7 +96,7 @@ class LogProbabilities(nn.Module):
 def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activation: str,
                 rope: bool | str = False, symmetry_breaking: str | None = None, mu_v: float = 0.0,
                 in_gpt: bool = True) -> dict[str, int]:
-    """Redundant directions of one pre-LN block, term by term (keys of :data:`TERMS`).
+    """Redundant directions of one pre-LN block, term by term (keys of ``TERMS``).
 
     ``in_gpt=True``: the block inside a GPT, where the mean of what it writes is invisible (every
     later reader is a LayerNorm); ``in_gpt=False``: the block on its own, output ``[B, T, D]``.
@@ -139,7 +139,8 @@ def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[st
     """The count of redundant directions of ``GPT(config)`` at generic weights, term by term.
 
     ``output="log_probs"`` counts for :class:`LogProbabilities`, ``"logits"`` for the GPT itself.
-    Keys are those of :data:`TERMS`; the values add up to :func:`predicted_redundancy`.
+    Keys are those of ``TERMS``; the values add up to
+    :func:`~gaugebook.redundancy.predicted_redundancy`.
     """
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
