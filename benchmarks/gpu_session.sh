@@ -51,7 +51,9 @@ if [ "$TESTS" = 1 ]; then
     tests/test_gauge.py tests/test_alignment.py tests/test_moe.py > "$OUT/gpu_tests.txt" 2>&1
   echo "tests exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$OUT/gpu_tests.txt")"
 fi
-snapshot() { tar -C /tmp/grid -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
+# the result files only: checkpoints (hundreds of MB) and lock files stay on the device
+snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude='*.tmp*' \
+  -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
 ( while sleep 20; do snapshot; done ) &
 saver=$!
 start=$(date +%s)
@@ -67,7 +69,7 @@ if [ "$LR" = 1 ]; then
     --out /tmp/grid/paper-lr --set steps=2000 --set eval_every=250 --set max_wall_s=150 \
     > "$OUT/paper_lr.log" 2>&1
   echo "paper-lr exit $? after $(( $(date +%s) - start )) s"
-  tar -C /tmp/grid -cf "$OUT/paper_lr.tar" paper-lr
+  tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' -cf "$OUT/paper_lr.tar" paper-lr
 fi
 [ "$BENCH" = 1 ] || exit 0
 start=$(date +%s)

@@ -42,7 +42,7 @@ class SymmetryBreakingBias(nn.Module):
     """The unlearned query (and value) bias of one attention layer.
 
     ``forward()`` returns ``(query_shift [d_head], value_shift [d_value] or None)``, to be passed to
-    :meth:`MultiHeadAttention.forward`; the shapes broadcast over heads, so all heads of the layer
+    :meth:`~gaugebook.attention.MultiHeadAttention.forward`; the shapes broadcast over heads, so all heads of the layer
     share the draw. Sampling uses ``torch.randn`` on the buffers' device and dtype (no Python
     randomness), which ``torch.compile`` traces without a graph break; :meth:`sample` draws from
     an explicit generator (the trainer's, outside the compiled model).

@@ -83,6 +83,7 @@ PAPER_ARMS = (  # (optimizer, tag, optimizer_hp, symmetries)
     ("adamw", "", dict(lr=PAPER_ADAMW_LR, betas=(0.9, 0.999), weight_decay=0.0),
      ("symmetric", "bqv")),
 )
+#: The pre-registered decision rule of the preset ``paper``, as text.
 PAPER_DECISION = """Pre-registered decision rule of the preset `paper` (fixed before any GPU result).
 For each run the statistic is the mean validation loss of its last 5 evaluations. For each ECD
 arm (per-tensor, global) and each broken symmetry (bq, bqv), Delta = broken - symmetric, paired

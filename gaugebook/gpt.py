@@ -23,7 +23,7 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import BREAKING_MODES, SymmetryBreakingBias
 
-__all__ = ["GPTConfig", "GPT", "ACTIVATIONS"]
+__all__ = ["GPTConfig", "GPT", "Block", "MLP", "ACTIVATIONS"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range

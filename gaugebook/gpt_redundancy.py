@@ -62,6 +62,7 @@ __all__ = ["TERMS", "OUTPUTS", "COUNTED", "LogProbabilities", "redundancy_terms"
            "redundancy_count",
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
+#: The kinds of redundant direction in a GPT, each with what it is.
 TERMS = {
     "qk_gauge": "GL(d_k) per key/value group on W_Q, b_Q, W_K, b_K (with RoPE: the commutant)",
     "key_bias": "b_K cancels in the softmax",

@@ -132,9 +132,9 @@ class ECD(Optimizer):
     :meth:`state_dict`, so a resumed run is identical to an uninterrupted one.
 
     Attributes:
-        steps: number of steps taken (not skipped). skipped_steps: number of steps skipped
-        because :math:`F \le F_0`. Integers for one model, lists (one per member) with
-        ``members``; saved and restored by ``state_dict``/``load_state_dict``.
+        steps: number of steps taken (not skipped); an integer for one model, a list (one per
+            member) with ``members``; saved and restored by ``state_dict``/``load_state_dict``.
+        skipped_steps: number of steps skipped because :math:`F \le F_0`, likewise.
     """
 
     def __init__(self, params, lr: float, eta: float, F0: float, *, nu: float = 0.0,
@@ -633,7 +633,7 @@ class MultiOptimizer:
     ``step(closure)`` evaluates the closure once and then steps every optimizer;
     ``param_groups`` and ``state`` are the union of theirs; ``state_dict`` nests theirs.
     torch's learning-rate schedulers accept only a ``torch.optim.Optimizer``: schedule each of
-    :attr:`optimizers` (``[LambdaLR(o, f) for o in opt.optimizers]``), or set ``group["lr"]`` in
+    ``optimizers`` (``[LambdaLR(o, f) for o in opt.optimizers]``), or set ``group["lr"]`` in
     :attr:`param_groups`, which are the inner optimizers' own dicts.
     """
 

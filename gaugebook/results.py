@@ -79,7 +79,7 @@ class Run:
 
     @property
     def arm(self) -> str:
-        """The optimizer and its variant: ``"ecd-pt"``, ``"ecd-global"``, ``"adamw"``: the
+        """The optimizer and its variant (``"ecd-pt"``, ``"ecd-global"``, ``"adamw"``): the
         optimizer, plus the run's tag when it has one."""
         return f"{self.optimizer}-{self.tag}" if self.tag else self.optimizer
 

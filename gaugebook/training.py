@@ -10,9 +10,9 @@ with its own seed, data stream, bias draws and optimizer state (ECD with ``membe
 F, reductions and chaos). Both paths draw every random number a run uses in the same order from
 the same seeds, so a member of a batched cohort follows the trajectory of the run trained alone.
 
-The loop is cut into one function per job: :func:`_setup` (models, optimizer, generators),
-:func:`_resume` (a checkpoint), :func:`_step` (one optimizer step for every member),
-:func:`_measure` (losses, Noether charges, path length at an evaluation) and :func:`_results`
+The loop is cut into one function per job: ``_setup`` (models, optimizer, generators),
+``_resume`` (a checkpoint), ``_step`` (one optimizer step for every member),
+``_measure`` (losses, Noether charges, path length at an evaluation) and ``_results``
 (one JSON file per run).
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _write_atomic(path: Path, write) -> None:
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON, atomically (:func:`_write_atomic`)."""
+    """Write ``payload`` as JSON, atomically (``_write_atomic``)."""
     text = json.dumps(payload, indent=1).encode()  # fails before any file is touched
     _write_atomic(Path(path), lambda f: f.write(text))
 
@@ -205,7 +205,7 @@ def _rng_state(device) -> dict:
 
 
 def _set_rng_state(state: dict, device) -> None:
-    """Restore :func:`_rng_state` (torch wants its generator states as CPU byte tensors)."""
+    """Restore ``_rng_state`` (torch wants its generator states as CPU byte tensors)."""
     torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -732,8 +732,10 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
             _save_checkpoint(cohort)
         if stop_after is not None and cohort.step >= stop_after:
             bar.close()
+            batches.close()
             return None
     bar.close()
+    batches.close()  # stops the prefetching workers before the final evaluation
     records = _results(cohort, time.perf_counter() - start)
     if rank == 0:
         _existing_results(todo, out)  # written meanwhile with other settings? refuse, keep it
