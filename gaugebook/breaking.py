@@ -18,8 +18,8 @@ Why unlearned and resampled? With ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` the sc
   (``c_Q -> (c_Q + b_Q) M - b_Q``), so only differences between draws break the symmetry.
 
 :class:`ShiftedAttention` evaluates one attention layer under a fixed list of draws, so that
-:func:`gaugebook.redundancy.redundancy` can measure these counts and
-:func:`gaugebook.redundancy.predicted_redundancy` can predict them.
+:func:`gaugebook.redundancy.redundancy` can measure these counts and :func:`redundancy_count`
+(which :func:`gaugebook.redundancy.predicted_redundancy` calls) can predict them.
 """
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.redundancy import predicted_redundancy
 
 __all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "SymmetryBreakingBias",
-           "ShiftedAttention"]
+           "ShiftedAttention", "redundancy_count"]
 
 BREAKING_MODES = (None, "bq", "bqv")
 QUERY_MEAN = 0.5
@@ -140,8 +139,7 @@ def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
     return int(torch.linalg.matrix_rank(shifts)) if shifts.numel() else 0
 
 
-@predicted_redundancy.register
-def _(m: ShiftedAttention) -> int:
+def redundancy_count(m: ShiftedAttention) -> int:
     """Redundancy of attention under fixed draws (no RoPE, ``d_head, d_value <= d_model``).
 
     Per key/value group, with ``r_Q`` the rank of the query draws (of their differences when the

@@ -23,7 +23,10 @@ from torch import nn
 from torch.func import functional_call, jacfwd, jacrev
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gaugebook import gpt_redundancy
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import ShiftedAttention
+from gaugebook.breaking import redundancy_count as shifted_redundancy_count
 from gaugebook.lie import attention_terms, factor_redundancy
 from gaugebook.linalg import numerical_rank
 from gaugebook.moe import MoE
@@ -139,8 +142,12 @@ def predicted_redundancy(model: nn.Module) -> int:
     Every model type the library defines: :class:`~gaugebook.attention.MultiHeadAttention`
     (:func:`gaugebook.lie.attention_terms` with ``d_in = d_out = d_model``; assumes
     ``d_model >= 2`` and, with RoPE, inputs longer than ``d_head`` tokens),
-    :class:`~gaugebook.moe.MoE`, and a GPT, one of its blocks or its log-probabilities
-    (:func:`gaugebook.gpt_redundancy.redundancy_count`). Nothing needs importing first.
+    :class:`~gaugebook.moe.MoE`, attention under fixed bias draws
+    (:class:`~gaugebook.breaking.ShiftedAttention`, :func:`gaugebook.breaking.redundancy_count`)
+    and a GPT, one of its blocks or its log-probabilities
+    (:func:`gaugebook.gpt_redundancy.redundancy_count`). Nothing needs importing first: the
+    library registers nothing. A module of one's own gets a count with
+    ``@predicted_redundancy.register`` (a ``functools.singledispatch`` function).
     """
     if isinstance(model, MultiHeadAttention):
         return sum(attention_terms(d_in=model.d_model, d_out=model.d_model,
@@ -150,8 +157,8 @@ def predicted_redundancy(model: nn.Module) -> int:
                                    rotary_dim=model.rotary_dim).values())
     if isinstance(model, MoE):
         return moe_redundancy_count(model)
-    # imported here, not above: gaugebook.gpt imports gaugebook.breaking, which imports this module
-    from gaugebook import gpt_redundancy
+    if isinstance(model, ShiftedAttention):
+        return shifted_redundancy_count(model)
     if isinstance(model, gpt_redundancy.COUNTED):
         return gpt_redundancy.redundancy_count(model)
     raise TypeError(f"no redundancy prediction for {type(model).__name__}")
