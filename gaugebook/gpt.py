@@ -23,7 +23,7 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import BREAKING_MODES, SymmetryBreakingBias
 
-__all__ = ["GPTConfig", "GPT", "Block", "MLP", "ACTIVATIONS"]
+__all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range
