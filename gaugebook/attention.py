@@ -29,6 +29,12 @@ ROPE_MODES = (False, True, "gated")
 class MultiHeadAttention(nn.Module):
     """Causal (or bidirectional) multi-head attention with grouped key/value heads.
 
+    The forward pass uses ``torch.nn.functional.scaled_dot_product_attention``. Its fused CPU
+    kernel does not propagate a NaN score: a NaN or infinity in ``W_Q`` or ``W_K`` can leave the
+    output finite (and wrong). The library's analyses refuse non-finite weights
+    (:func:`gaugebook.checks.check_finite_tensors`); the trainer checks every parameter at each
+    evaluation.
+
     Args:
         d_model: width of the residual stream.
         n_heads: number of query heads.

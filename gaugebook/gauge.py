@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_finite_tensors
 from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescaling,
                                  LayerNormScale, LayerNormShift, PositionCentring, ReaderCentring,
                                  ResidualCentring, ResidualPermutation)
@@ -372,7 +373,9 @@ def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float
 
     Both forward passes start from the same random state (restored afterwards), so a stochastic
     model (dropout, symmetry-breaking biases in training mode) draws the same noise in both.
+    Non-finite weights or inputs are refused (ValueError naming the tensor).
     """
+    check_finite_tensors(module, *inputs)
     cuda = sorted({p.device.index for p in module.parameters() if p.is_cuda})
 
     def output(m):

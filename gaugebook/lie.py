@@ -281,7 +281,7 @@ class PermutationFactor(Factor):
 
     def __post_init__(self):
         name = _parameter(self)
-        perm = torch.as_tensor(getattr(self, name), dtype=torch.long)
+        perm = torch.as_tensor(getattr(self, name))
         if perm.ndim == 2:
             perm = torch.stack([check_permutation(row, perm.shape[1], f"{name}[{i}]")
                                 for i, row in enumerate(perm)])

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from gaugebook.checks import check_number
+
 DTYPE = torch.float64
 ZERO_RTOL = 1e-12
 """A float64 quantity below ``ZERO_RTOL`` times its scale counts as zero where no rank
@@ -49,7 +51,10 @@ def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None) -> tuple[i
     ``gap = s_rank / s_{rank+1}``, the last kept over the first dropped value, is infinite when
     nothing is kept or nothing dropped. An empty or all-zero ``s`` has rank 0.
     """
-    rtol = max(shape) * torch.finfo(DTYPE).eps if rtol is None else rtol
+    if rtol is not None:
+        rtol = check_number("rtol", rtol, low=0.0, strict=False)
+    else:
+        rtol = max(shape) * torch.finfo(DTYPE).eps
     if s.numel() == 0 or s[0] == 0:
         return 0, 0.0, math.inf
     tolerance = rtol * s[0].item()
@@ -83,7 +88,11 @@ def check_permutation(perm, n: int | None = None, name: str = "perm") -> torch.T
     """Validate a permutation of ``0..n-1`` (``n = len(perm)`` when ``None``); return it as a
     ``long`` tensor on the CPU, wherever ``perm`` lives (the check compares with a CPU
     ``arange``; actions move it to their module's device)."""
-    perm = torch.as_tensor(perm, dtype=torch.long).detach().cpu()
+    given = torch.as_tensor(perm).detach()
+    if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer indices, got dtype {given.dtype} "
+                         f"({given.tolist()}): a float would be truncated")
+    perm = given.to(torch.long).cpu()
     n = perm.numel() if n is None else n
     if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
         raise ValueError(f"{name} must be a permutation of 0..{n - 1}, got {perm.tolist()}")

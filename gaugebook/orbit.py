@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_finite_tensors
 from gaugebook.gauge import (ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform,
                              grouped_weights, qk_algebra)
 from gaugebook.lie import tangent_map
@@ -71,6 +72,7 @@ def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
     order), then key- and value-bias translations (with biases). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
+    check_finite_tensors(m)
     _check(m)
     per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
                   for family in ATTENTION_ALGEBRA]  # (n_params, Hkv, k_family) each

@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook import gpt_redundancy
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_finite_tensors
 from gaugebook.breaking import ShiftedAttention
 from gaugebook.breaking import redundancy_count as shifted_redundancy_count
 from gaugebook.lie import attention_terms, factor_redundancy
@@ -123,8 +124,10 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     """Numerical rank of the Jacobian of ``model(*inputs)`` with respect to its parameters.
 
     Use enough generic inputs that the output count exceeds the expected rank (a warning says
-    when the rank is capped by the number of outputs).
+    when the rank is capped by the number of outputs). ``rtol``: see
+    :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs are refused.
     """
+    check_finite_tensors(model, *inputs)
     J = jacobian(model, *inputs)
     n_out, n_params = J.shape
     s = torch.linalg.svdvals(J)

@@ -52,6 +52,7 @@ from torch.func import grad, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_finite_tensors
 from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
 from gaugebook.linalg import DTYPE
@@ -259,6 +260,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     ``rounds`` times from the best point so far, with ``S = 0`` there. Returns the best point
     seen; all attention parameters must be trainable (the gauge action changes them all).
     """
+    check_finite_tensors(model, *inputs)
     if steps < 1 or rounds < 1 or lr <= 0:
         raise ValueError(f"steps and rounds must be positive and lr > 0, got steps={steps}, "
                          f"rounds={rounds}, lr={lr}")

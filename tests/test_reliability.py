@@ -146,3 +146,46 @@ def test_gpt_refuses_bad_tokens_and_frozen_configs():
                       (dict(max_new_tokens=2, temperature=float("nan")), "temperature")]:
         with pytest.raises(ValueError, match=match):
             model.generate(idx, **kw)
+
+
+def test_analyses_refuse_non_finite_weights_and_inputs():
+    from gaugebook.attention import MultiHeadAttention
+    from gaugebook.gauge import invariance_error, random_element
+    from gaugebook.orbit import orbit_dimension
+    from gaugebook.redundancy import redundancy
+    from gaugebook.sharpness import minimise_over_orbit
+
+    g = torch.Generator().manual_seed(0)
+    attn = MultiHeadAttention(8, 2, 4, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=g)
+    element = random_element(attn, cond=10.0, generator=g)
+    bad_x = x.clone()
+    bad_x[0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"input 0 \(shape \(2, 5, 8\)\) is not finite"):
+        redundancy(attn, bad_x)
+    with torch.no_grad():
+        attn.W_Q[0, 0, 0] = float("nan")  # the fused CPU kernel would hide it
+    for call in (lambda: invariance_error(element, attn, x), lambda: redundancy(attn, x),
+                 lambda: orbit_dimension(attn),
+                 lambda: minimise_over_orbit(attn, lambda y: y.square().mean(), x, steps=1)):
+        with pytest.raises(ValueError, match="parameter W_Q of MultiHeadAttention is not finite"):
+            call()
+
+
+def test_bad_tolerances_permutations_and_probe_vocabularies_are_refused():
+    from gaugebook.attention import MultiHeadAttention
+    from gaugebook.data import DefaultCorpus, evaluate_probes
+    from gaugebook.gauge import HeadPermutation
+    from gaugebook.redundancy import redundancy
+
+    g = torch.Generator().manual_seed(0)
+    attn = MultiHeadAttention(8, 2, 4, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=g)
+    for rtol in (-1.0, float("nan"), "tight"):
+        with pytest.raises(ValueError, match="rtol"):
+            redundancy(attn, x, rtol=rtol)
+    with pytest.raises(ValueError, match="integer indices.*truncated"):
+        HeadPermutation(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="vocabulary has 100 tokens.*4832"):
+        evaluate_probes(GPT(GPTConfig(100, 64, 1, 2, 8)), DefaultCorpus(0).tokenizer,
+                        n_per_task=2)

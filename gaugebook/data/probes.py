@@ -28,6 +28,10 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
         context = getattr(getattr(model, "config", None), "block_size", None)
         if context is None:
             raise ValueError("pass context=... (the model has no config.block_size)")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None and vocab < tokenizer.vocab_size:  # before a forward pass fails on it
+        raise ValueError(f"the model's vocabulary has {vocab} tokens, the probes' tokenizer "
+                         f"{tokenizer.vocab_size}: score a model trained on the default corpus")
     corpus = DefaultCorpus(tokenizer=tokenizer)
     was_training = model.training
     model.eval()
