@@ -189,3 +189,29 @@ def test_bad_tolerances_permutations_and_probe_vocabularies_are_refused():
     with pytest.raises(ValueError, match="vocabulary has 100 tokens.*4832"):
         evaluate_probes(GPT(GPTConfig(100, 64, 1, 2, 8)), DefaultCorpus(0).tokenizer,
                         n_per_task=2)
+
+
+def test_two_concurrent_runners_with_different_settings(tmp_path):
+    """A runner in another process holds the run; a second one with other settings fails at once
+    and the first one's result is the one written."""
+    import sys
+    import time
+
+    script = ("import sys; from pathlib import Path; from gaugebook.experiment import RunConfig, "
+              "train; cfg = RunConfig(optimizer='adamw', symmetry='bqv', n_layer=1, n_head=2, "
+              "n_embd=16, block_size=32, batch_size=4, steps=400, eval_every=200, "
+              "eval_batches=1, probe_instances=4, checkpoint_every=100, "
+              "optimizer_hp=dict(lr=1e-3), mu_v=0.5); train(cfg, Path(sys.argv[1]), "
+              "progress=False)")
+    first = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    # its first checkpoint (step 100 of 400) is written while it holds the run's lock
+    checkpoint, deadline = tmp_path / "checkpoints" / "adamw-bqv-prelu-s0.pt", time.time() + 120
+    while not checkpoint.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert checkpoint.exists() and first.poll() is None, "the first runner is not training"
+    with pytest.raises(RuntimeError, match="another process is training adamw-bqv-prelu-s0"):
+        train(tiny(steps=8), tmp_path, progress=False)
+    assert first.wait(timeout=300) == 0
+    assert json.loads((tmp_path / "adamw-bqv-prelu-s0.json").read_text())["config"]["steps"] == 400
+    with pytest.raises(ValueError, match="other settings"):  # and afterwards it is refused
+        train(tiny(steps=8), tmp_path, progress=False)
