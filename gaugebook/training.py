@@ -664,8 +664,10 @@ def check_runs(runs: list[RunConfig], out: Path, device: str) -> None:
             make_optimizer(cfg.optimizer, list(params.items()) if cfg.optimizer == "muon"
                            else list(params.values()), **hp)
         except (TypeError, ValueError) as error:
+            hint = (" (--set optimizer_hp=... replaces every entry; --set optimizer_hp.KEY=VALUE "
+                    "changes one)" if "missing" in str(error) else "")
             raise ValueError(f"{cfg.name}: optimizer_hp {cfg.optimizer_hp} is not accepted by "
-                             f"{cfg.optimizer}: {error}") from None
+                             f"{cfg.optimizer}: {error}{hint}") from None
 
 
 def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:

@@ -114,6 +114,9 @@ def test_problems_found_before_training_print_one_clean_line(tmp_path, capsys):
                     "optimizer_hp.momentum=0.9")
     assert "is not accepted by" in err and "Traceback" not in err
     err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
+                    'optimizer_hp={"lr": 0.5}')
+    assert "missing" in err and "optimizer_hp.KEY=VALUE changes one" in err
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
                     "n_head=3")
     assert "not divisible by n_head=3" in err
     err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
