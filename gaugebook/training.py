@@ -422,29 +422,19 @@ def _resume(cohort: _Cohort) -> None:
     _set_rng_state(ckpt["rng"], cohort.device)
 
 
-def _draws(cohort: _Cohort, train: bool):
-    """The symmetry-breaking biases of one forward pass: each member's training draw from its
-    own generator (``train``) or its means; batched, stacked, with zeros where a member has none."""
-    per_member = []
-    for m in cohort.members:
-        if train:
-            per_member.append(m.model.draw_biases(m.bias_generator))
-        else:
-            per_member.append(None)  # eval mode: the layers use their means
+def _draws(cohort: _Cohort):
+    """Each member's training draw of the symmetry-breaking biases, from its own generator:
+    alone ``[draw]`` (``None`` for a symmetric run); batched ``(b_Q [R, L, dk], b_V [R, L, dv])``,
+    with zeros where a member has no such bias (adding zero changes nothing)."""
+    draws = [m.model.draw_biases(m.bias_generator) for m in cohort.members]
     if not cohort.batched:
-        return per_member
-    cfg = cohort.members[0].model.config
-    L, dk = cfg.n_layer, cfg.head_size
-    query, value = [], []
-    for m, draw in zip(cohort.members, per_member):
-        if not train and m.model.blocks[0].breaking is not None:
-            b = m.model.blocks[0].breaking
-            draw = (b.q_mean.expand(L, dk), None if b.mode == "bq" else b.v_mean.expand(L, dk))
-        q, v = (None, None) if draw is None else draw
-        zeros = torch.zeros(L, dk, device=cohort.device)
-        query.append(zeros if q is None else q)
-        value.append(zeros if v is None else v)
-    return torch.stack(query), torch.stack(value)
+        return draws
+    config = cohort.members[0].model.config
+    zeros = torch.zeros(config.n_layer, config.head_size, device=cohort.device)
+
+    def stacked(i):
+        return torch.stack([zeros if d is None or d[i] is None else d[i] for d in draws])
+    return stacked(0), stacked(1)
 
 
 class _TrainBatches(torch.utils.data.Dataset):
@@ -485,7 +475,7 @@ def _train_batches(cohort: _Cohort, workers: int):
 def _step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor) -> None:
     """One optimizer step of every member on ``x, y``; the training loss is summed on the
     device."""
-    draws = _draws(cohort, train=True)
+    draws = _draws(cohort)
     optimizer = cohort.optimizer
 
     def closure():
