@@ -14,8 +14,9 @@ Shifts follow the protocol scaled by two factors: ``b_k = scale * mu + spread * 
 ``mu = 0.5`` in every coordinate, ``sigma = linspace(0.05, 0.15, d_head)`` and ``z_k ~ N(0, I)``
 (one draw per step, the same draws for every grid point). ``scale = spread = 1`` is the protocol.
 
-A widget reacts only while a kernel runs; the rendered book shows the state it was built with,
-so :func:`charge_drift_figure` draws the whole grid as a static figure.
+A widget reacts only while a kernel runs; the explorer's ``static()`` (it is a
+:class:`~gaugebook.interactive.StaticTwin`) switches the precomputed readouts in the rendered book,
+and :func:`charge_drift_figure` draws the whole grid as one static figure.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import QUERY_MEAN, QUERY_STD
+from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.landscapes import leapfrog
 from gaugebook.linalg import DTYPE
 from gaugebook.mechanics import qk_charge
@@ -214,7 +216,7 @@ def _verdict(x: float) -> str:
     return "conserved (round-off)" if x < CONSERVED else "not conserved"
 
 
-class ChargeDriftExplorer(widgets.VBox):
+class ChargeDriftExplorer(StaticTwin, widgets.VBox):
     """Sliders for the scale of the mean query shift and the spread of its per-step redraws; the
     readout shows, from a precomputed :class:`ChargeDriftGrid`, how much the charge ``J`` and
     its stabiliser part ``P J P`` changed along the trajectory, and how far the weights moved.
@@ -237,11 +239,25 @@ class ChargeDriftExplorer(widgets.VBox):
         self._update()
 
     def _update(self, change=None) -> None:
-        s, w = self.scale.value, self.spread.value
+        self.readout.value = self.readout_html(self.scale.value, self.spread.value)
+
+    def static(self) -> StaticExplorer:
+        """The readout at every (scale, spread) of the grid (no kernel needed)."""
+        return StaticExplorer(
+            [Control("scale of b", self.grid.scales, value=self.scale.value,
+                     labels=[f"{s:g}" for s in self.grid.scales]),
+             Control("spread", self.grid.spreads, value=self.spread.value,
+                     labels=[f"{w:g}" for w in self.grid.spreads])],
+            self.readout_html,
+            alt="Relative change of the charge J and of its stabiliser part PJP along a "
+                "leapfrog trajectory, for a chosen scale and spread of the query shift.")
+
+    def readout_html(self, s: float, w: float) -> str:
+        """The readout at scale ``s`` and spread ``w``, looked up in the grid."""
         r = self.grid.lookup(s, w)
         kind = ("no shift" if s == 0 and w == 0 else "a fixed shift" if w == 0
                 else "a shift redrawn every step")
-        self.readout.value = (
+        return (
             f"<b>scale {s:g}, spread {w:g}</b> ({kind}), leapfrog for time {self.grid.time:g}: "
             f"the weights moved by <b>{r['weights']:.0%}</b>.<br>"
             f"Full charge <i>J</i>: relative change <b>{r['J']:.1e}</b>, {_verdict(r['J'])}.<br>"

@@ -1,8 +1,9 @@
 r"""Interactive explorers for the book (ipywidgets), each with a static matplotlib fallback.
 
-A widget reacts only while a kernel runs (Jupyter, Colab); the rendered HTML book shows the state
-it had at build time. Every explorer therefore has a companion function that draws the same
-information as a static figure, shown next to it in the book.
+A widget reacts only while a kernel runs (Jupyter, Colab). Every explorer is therefore also a
+:class:`~gaugebook.interactive.StaticTwin`: its ``static()`` precomputes the readout over the
+controls' whole grid, and the rendered book shows that (switched in the browser, no kernel).
+Each explorer also has a companion function that draws the same information as a static figure.
 
 * :class:`ConditionExplorer` (chapter 4): the relative invariance error
   ``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` of random gauge elements ``g`` whose
@@ -23,6 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
 from gaugebook.plots import PALETTE
 
@@ -107,7 +109,7 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
     return fig
 
 
-class ConditionExplorer(widgets.VBox):
+class ConditionExplorer(StaticTwin, widgets.VBox):
     """Slider for the condition number ``c`` (log scale, ``10^0 .. 10^log10_max``) and a dropdown
     for the floating-point type; the readout shows the relative invariance error of random gauge
     elements (``seeds`` of them) at that ``c`` and compares it with ``c eps`` and with the
@@ -148,11 +150,27 @@ class ConditionExplorer(widgets.VBox):
         return self._cache[key]
 
     def _update(self, change=None) -> None:
-        c, name = self.cond.value, self.dtype.value
+        self.readout.value = self.readout_html(self.cond.value, self.dtype.value)
+
+    def static(self) -> StaticExplorer:
+        """The readout at every grid point of the slider and every dtype (no kernel needed)."""
+        slider = self.cond
+        n = round((slider.max - slider.min) / slider.step)
+        conds = [slider.base ** (slider.min + k * slider.step) for k in range(n + 1)]
+        start = min(conds, key=lambda c: abs(c - slider.value))
+        return StaticExplorer(
+            [Control("condition c", conds, value=start, labels=[f"{c:.1e}" for c in conds]),
+             Control("dtype", list(DTYPES), value=self.dtype.value, kind="dropdown")],
+            self.readout_html,
+            alt="Relative invariance error of random gauge elements at a chosen condition "
+                "number and floating-point type, compared with c eps and the source's 24 eps.")
+
+    def readout_html(self, c: float, name: str) -> str:
+        """The readout at condition number ``c`` and dtype ``name``."""
         err, eps = self.errors(c, name).max().item(), _eps(name)
         source = SOURCE_BOUND * _eps("float64")
         verdict = "holds" if err <= source else "is violated"
-        self.readout.value = (
+        return (
             f"<b>c = {c:.1e}, {name}</b>: largest relative invariance error over "
             f"{len(self.seeds)} random gauge elements = <b>{err:.2e}</b> "
             f"= {err / (c * eps):.2f} &middot; c &middot; eps (eps = {eps:.2e}).<br>"
@@ -213,7 +231,7 @@ def orbit_figure(path: dict[str, torch.Tensor]) -> Figure:
     return fig
 
 
-class OrbitExplorer(widgets.VBox):
+class OrbitExplorer(StaticTwin, widgets.VBox):
     """A slider for the position ``s`` on a one-parameter subgroup of the QK and VO sectors; the
     readout shows how far the weights moved and how little the output changed.
 
@@ -238,8 +256,25 @@ class OrbitExplorer(widgets.VBox):
         self._update()
 
     def _update(self, change=None) -> None:
-        path = orbit_path(self.module, self.inputs, [self.s.value], seed=self.seed)
+        self.readout.value = self.readout_html(self.s.value)
+
+    def static(self) -> StaticExplorer:
+        """The readout at every grid point of the slider (no kernel needed)."""
+        slider = self.s
+        n = round((slider.max - slider.min) / slider.step)
+        s_values = [slider.min + k * slider.step for k in range(n + 1)]
+        start = min(s_values, key=lambda s: abs(s - slider.value))
+        return StaticExplorer(
+            [Control("position s", s_values, value=start,
+                     labels=[f"{s:+.2f}" for s in s_values])],
+            self.readout_html,
+            alt="How far the weights moved and how little the output changed at a chosen "
+                "position s along a one-parameter subgroup of the gauge group.")
+
+    def readout_html(self, s: float) -> str:
+        """The readout at position ``s``."""
+        path = orbit_path(self.module, self.inputs, [s], seed=self.seed)
         moved, changed = path["parameter_change"].item(), path["output_change"].item()
-        self.readout.value = (
-            f"<b>s = {self.s.value:+.2f}</b>: the weights moved by <b>{moved:.1%}</b> of their "
+        return (
+            f"<b>s = {s:+.2f}</b>: the weights moved by <b>{moved:.1%}</b> of their "
             f"norm; the output changed by <b>{changed:.1e}</b> (relative).")
