@@ -1,0 +1,137 @@
+"""The decisive experiment (preset ``paper``) read from its result files: seed bands, the
+decision table, and a reduced CPU stand-in while the GPU results are pending.
+
+The pre-registered rule itself lives in :func:`gaugebook.results.decide`; this module only
+feeds it and draws what it decides on. A *seed band* of an arm and a symmetry at step :math:`t`
+is the mean :math:`\\bar L(t) = \\frac1S \\sum_s L_s(t)` over the ``S`` seeds together with
+:math:`\\min_s L_s(t)` and :math:`\\max_s L_s(t)`, taken only at steps that every seed recorded
+(equal steps, never interpolated). Chapter 17 uses it as::
+
+    runs, source = paper_runs()              # results/gpu/paper, or a reduced CPU run
+    fig = band_panels(runs, "val_loss")
+    display(decision_table(decisions(runs)))
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gaugebook.plots import PALETTE
+from gaugebook.results import Decision, Run, Table, common_steps, find_results, load_runs
+
+__all__ = ["PAPER_RESULTS", "reduced_paper_configs", "paper_runs", "seed_band", "path_ratio",
+           "band_panels", "decision_table"]
+
+PAPER_RESULTS = "results/gpu/paper"
+SYMMETRY_COLOR = {"symmetric": PALETTE[0], "bq": PALETTE[1], "bqv": PALETTE[3]}
+
+
+def reduced_paper_configs(steps: int = 60, eval_every: int = 10) -> list:
+    """The runs of the preset ``paper-smoke`` (the 21 runs of ``paper``: same arms, seeds,
+    symmetries and settings, on the smoke model) with ``steps`` and ``eval_every`` replaced, so
+    that the rule's statistic (last 5 evaluations) exists: ``steps / eval_every >= 5``."""
+    from gaugebook.experiment import select_runs
+
+    if steps // eval_every < 5:
+        raise ValueError(f"steps={steps}, eval_every={eval_every} give {steps // eval_every} "
+                         "evaluations; the decision rule needs at least 5")
+    return [dataclasses.replace(c, steps=steps, eval_every=eval_every)
+            for c in select_runs("paper-smoke")]
+
+
+def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60,
+               eval_every: int = 10) -> tuple[list[Run], str, float]:
+    """``(runs, source, seconds)``: the recorded runs of ``results/gpu/paper`` when that folder
+    exists (``source = "gpu"``, ``seconds = 0``), otherwise the reduced CPU version
+    (:func:`reduced_paper_configs`) trained now, one :func:`~gaugebook.training.train_batched`
+    cohort per arm, into ``out`` (a new temporary folder by default), ``source = "cpu"`` and
+    the training time in seconds."""
+    try:
+        return load_runs(find_results(PAPER_RESULTS, extra_roots=extra_roots)), "gpu", 0.0
+    except FileNotFoundError:
+        pass
+    from gaugebook.training import cohorts, train_batched
+
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gaugebook-paper-"))
+    start = time.perf_counter()
+    for cohort in cohorts(reduced_paper_configs(steps, eval_every)):
+        train_batched(cohort, out, progress=False)
+    return load_runs(out), "cpu", time.perf_counter() - start
+
+
+def path_ratio(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, path_length / init_norm)``: ECD's path :math:`n\\,\\delta t` over the initial
+    parameter norm :math:`|\\theta_0|` (the paper's long-time regime needs tens); ValueError for
+    a run without a path length (optimizers other than ECD record ``None``)."""
+    steps, _ = run.curve("val_loss")
+    path = run.history.get("path_length")
+    if path is None or any(p is None for p in path):
+        raise ValueError(f"{run.name} records no path length (ECD only)")
+    return steps, np.asarray(path, dtype=float) / float(run["init_norm"])
+
+
+def _values(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
+    return path_ratio(run) if key == "path_ratio" else run.curve(key)
+
+
+def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
+    """Mean, min and max over ``runs`` (the seeds of one arm and symmetry) of ``key`` at the
+    steps every run recorded: ``{"step", "mean", "min", "max"}``. ``key`` is a history key or
+    ``"path_ratio"`` (:func:`path_ratio`)."""
+    if not runs:
+        raise ValueError("a seed band needs at least one run")
+    steps = common_steps(runs)
+    if not steps:
+        raise ValueError(f"{[r.name for r in runs]} share no recorded step")
+    rows = []
+    for run in runs:
+        at = dict(zip(*(a.tolist() for a in _values(run, key))))
+        rows.append([at[s] for s in steps])
+    values = np.asarray(rows, dtype=float)
+    return {"step": np.asarray(steps), "mean": values.mean(0), "min": values.min(0),
+            "max": values.max(0)}
+
+
+def band_panels(runs: list[Run], key: str = "val_loss", *, arms=None, log: bool = False,
+                ylabel: str | None = None, title: str | None = None):
+    """One panel per arm (``Run.arm``; ``arms`` picks and orders them), one seed band per
+    symmetry: the mean as a line, min to max shaded. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    arms = list(arms) if arms is not None else sorted({r.arm for r in runs})
+    fig, axes = plt.subplots(1, len(arms), figsize=(3.6 * len(arms), 3.4), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for symmetry, colour in SYMMETRY_COLOR.items():
+            chosen = [r for r in runs if r.arm == arm and r.symmetry == symmetry]
+            if not chosen:
+                continue
+            band = seed_band(chosen, key)
+            ax.plot(band["step"], band["mean"], color=colour,
+                    label=f"{symmetry} ({len(chosen)} seeds)")
+            ax.fill_between(band["step"], band["min"], band["max"], color=colour, alpha=0.25,
+                            linewidth=0)
+        ax.set_title(arm)
+        ax.set_xlabel("step")
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(ylabel or key)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def decision_table(decisions: list[Decision], *, caption: str | None = None) -> Table:
+    """The rule's outcome, one row per (arm, broken symmetry): the Delta of each seed, their
+    mean, the 95% t-interval and whether the rule says breaking helps."""
+    seeds = sorted({s for d in decisions for s in d.deltas})
+    rows = [[d.arm, d.symmetry, *(d.deltas.get(s) for s in seeds), d.mean,
+             f"[{d.interval[0]:+.3f}, {d.interval[1]:+.3f}]",
+             "helps" if d.helps else "no"] for d in decisions]
+    return Table(["arm", "broken", *(f"Δ seed {s}" for s in seeds), "mean Δ",
+                  "95% t-interval", "rule"], rows, caption=caption)

@@ -1,0 +1,79 @@
+"""Seed bands, path ratios and the decision table of the preset ``paper`` (gaugebook.decision_plots)."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from gaugebook.decision_plots import (band_panels, decision_table, path_ratio,  # noqa: E402
+                                      paper_runs, reduced_paper_configs, seed_band)
+from gaugebook.results import Run, decide  # noqa: E402
+
+
+def run(symmetry, seed, steps, losses, *, tag="pt", path=None, init_norm=10.0):
+    n = len(steps)
+    history = {"step": list(steps), "train_loss": list(losses), "val_loss": list(losses),
+               "J_QK": [0.0] * n, "J_VO": [0.0] * n, "wall_s": [1.0] * n,
+               "path_length": path if path is not None else [None] * n,
+               "distance": [0.0] * n, "skipped_steps": [0] * n}
+    return Run.from_dict({
+        "name": f"ecd-{symmetry}-prelu-s{seed}-{tag}",
+        "config": {"optimizer": "ecd", "symmetry": symmetry, "activation": "prelu",
+                   "seed": seed, "tag": tag},
+        "steps_done": steps[-1], "truncated": False, "history": history,
+        "final_val_loss": losses[-1], "probes": {}, "optimizer_state_bytes": 0, "n_params": 1,
+        "wall_s": 1.0, "tokens": 1, "tokens_per_s": 1.0, "provenance": {},
+        "init_norm": init_norm})
+
+
+def test_seed_band_at_shared_steps_only():
+    a = run("symmetric", 0, [10, 20, 30], [3.0, 2.0, 1.0])
+    b = run("symmetric", 1, [10, 20], [5.0, 4.0])
+    band = seed_band([a, b])
+    assert band["step"].tolist() == [10, 20]
+    assert band["mean"].tolist() == [4.0, 3.0]
+    assert band["min"].tolist() == [3.0, 2.0] and band["max"].tolist() == [5.0, 4.0]
+    with pytest.raises(ValueError, match="at least one run"):
+        seed_band([])
+
+
+def test_path_ratio_divides_by_initial_norm_and_refuses_non_ecd():
+    r = run("symmetric", 0, [10, 20], [1.0, 1.0], path=[1.0, 2.0], init_norm=4.0)
+    steps, ratio = path_ratio(r)
+    assert steps.tolist() == [10, 20] and ratio.tolist() == [0.25, 0.5]
+    assert seed_band([r], "path_ratio")["mean"].tolist() == [0.25, 0.5]
+    with pytest.raises(ValueError, match="no path length"):
+        path_ratio(run("symmetric", 0, [10], [1.0]))
+
+
+def test_decision_table_and_panels():
+    steps = [10, 20, 30, 40, 50]
+    runs = [run(s, seed, steps, [2.0 + off + 0.01 * seed] * 5)
+            for seed in (0, 1, 2) for s, off in (("symmetric", 0.0), ("bq", -0.2))]
+    d = decide(runs, "ecd-pt", "bq")
+    html = decision_table([d]).to_html()
+    assert "Δ seed 2" in html and "helps" in html and "-0.200" in html
+    fig = band_panels(runs, "val_loss")
+    ax = fig.axes[0]
+    assert ax.get_title() == "ecd-pt" and len(ax.lines) == 2
+    assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
+
+
+def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
+    cfgs = reduced_paper_configs(steps=50, eval_every=10)
+    assert len(cfgs) == 21 and {c.seed for c in cfgs} == {0, 1, 2}
+    assert all(c.steps == 50 and c.prelu_init == "paper" for c in cfgs)
+    with pytest.raises(ValueError, match="at least 5"):
+        reduced_paper_configs(steps=40, eval_every=10)
+
+
+def test_paper_runs_reads_the_recorded_folder_when_it_exists(tmp_path, monkeypatch):
+    import json
+    folder = tmp_path / "results" / "gpu" / "paper"
+    folder.mkdir(parents=True)
+    r = run("symmetric", 0, [10], [1.0])
+    (folder / f"{r.name}.json").write_text(json.dumps(r.data))
+    monkeypatch.chdir(tmp_path)
+    runs, source, seconds = paper_runs()
+    assert source == "gpu" and seconds == 0.0 and [x.name for x in runs] == [r.name]
