@@ -96,30 +96,44 @@ def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
             "max": values.max(0)}
 
 
-def band_panels(runs: list[Run], key: str = "val_loss", *, arms=None, log: bool = False,
-                ylabel: str | None = None, title: str | None = None):
-    """One panel per arm (``Run.arm``; ``arms`` picks and orders them), one seed band per
-    symmetry: the mean as a line, min to max shaded. Returns the figure."""
+def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
+                title: str | None = None):
+    """One row of panels per history key in ``keys`` (a key or a list; ``"path_ratio"`` for
+    :func:`path_ratio`), one column per arm (``Run.arm``; ``arms`` picks and orders them), one
+    seed band per symmetry: the mean as a line, min to max shaded. Keys in ``log`` get a log
+    axis; a panel whose runs do not record the key (a path for AdamW) says so. Returns the
+    figure."""
     import matplotlib.pyplot as plt
 
+    keys = [keys] if isinstance(keys, str) else list(keys)
     arms = list(arms) if arms is not None else sorted({r.arm for r in runs})
-    fig, axes = plt.subplots(1, len(arms), figsize=(3.6 * len(arms), 3.4), squeeze=False)
+    fig, axes = plt.subplots(len(keys), len(arms), figsize=(3.6 * len(arms), 2.9 * len(keys)),
+                             squeeze=False, sharex=True)
+    for row, key in zip(axes, keys):
+        for ax, arm in zip(row, arms):
+            for symmetry, colour in SYMMETRY_COLOR.items():
+                chosen = [r for r in runs if r.arm == arm and r.symmetry == symmetry]
+                if not chosen:
+                    continue
+                try:
+                    band = seed_band(chosen, key)
+                except ValueError:
+                    ax.text(0.5, 0.5, f"not recorded for {arm}", ha="center",
+                            transform=ax.transAxes)
+                    break
+                ax.plot(band["step"], band["mean"], color=colour,
+                        label=f"{symmetry} ({len(chosen)} seeds)")
+                ax.fill_between(band["step"], band["min"], band["max"], color=colour,
+                                alpha=0.25, linewidth=0)
+            if key in log:
+                ax.set_yscale("log")
+            if ax.lines:
+                ax.legend(fontsize=7)
+        row[0].set_ylabel(key)
     for ax, arm in zip(axes[0], arms):
-        for symmetry, colour in SYMMETRY_COLOR.items():
-            chosen = [r for r in runs if r.arm == arm and r.symmetry == symmetry]
-            if not chosen:
-                continue
-            band = seed_band(chosen, key)
-            ax.plot(band["step"], band["mean"], color=colour,
-                    label=f"{symmetry} ({len(chosen)} seeds)")
-            ax.fill_between(band["step"], band["min"], band["max"], color=colour, alpha=0.25,
-                            linewidth=0)
         ax.set_title(arm)
+    for ax in axes[-1]:
         ax.set_xlabel("step")
-        if log:
-            ax.set_yscale("log")
-        ax.legend(fontsize=8)
-    axes[0][0].set_ylabel(ylabel or key)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -54,10 +54,11 @@ def test_decision_table_and_panels():
     d = decide(runs, "ecd-pt", "bq")
     html = decision_table([d]).to_html()
     assert "Δ seed 2" in html and "helps" in html and "-0.200" in html
-    fig = band_panels(runs, "val_loss")
+    fig = band_panels(runs, ["val_loss", "path_ratio"])
     ax = fig.axes[0]
     assert ax.get_title() == "ecd-pt" and len(ax.lines) == 2
     assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
+    assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
 
 
 def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
