@@ -15,10 +15,19 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
 * widgets: when the page embeds ipywidgets views
   (``<script type="application/vnd.jupyter.widget-view+json">``), as many rendered views: a
   ``<div class="widget-subarea">`` holding an element of class ``jupyter-widgets``;
+* interactive figures (``gaugebook.interactive``: ``<div class="gb-interactive">``, which respond
+  without a kernel): the server adds a probe script to each page that holds one; after the page
+  loaded, it moves every control of every such figure through each of its values in turn (the
+  others held at their start), firing ``input`` and ``change`` as a reader's hand would, and
+  records whether exactly one frame is visible and whether it changed. A figure that shows no
+  frame, or a control move after which the figure did not change, fails the page;
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
-* scripts: no uncaught JavaScript error in the console (such as a script that the page loads
-  twice: "Identifier ... has already been declared").
+* scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
+  the page loads twice: "Identifier ... has already been declared"), read from Chromium's log,
+  nor a ``console.error`` call, an unhandled promise rejection or a resource that failed to
+  load, which a recorder script that the server puts first in every page's ``<head>`` collects
+  and writes into the DOM once the page has loaded.
 
 Exit status 0 when every page passes; otherwise 1, after a message naming each failure.
 Standard library only.
@@ -28,7 +37,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
+import html
 import http.server
+import json
 import os
 import re
 import shutil
@@ -60,6 +71,69 @@ RAW_TEX = [
     ("$$", re.compile(r"\$\$")),
     ("$...$", re.compile(r"(?<![\\$])\$[^\s$][^$\n]*?(?<![\s\\])\$")),
 ]
+INTERACTIVE = "gb-interactive"  # the class of gaugebook.interactive's figures
+REPORT_ID = "gb-interactive-report"
+# Run after the page's own scripts (on load, then a moment later): moves every control of every
+# interactive figure through its values and writes what it saw, as JSON, into <pre id=REPORT_ID>.
+PROBE = """<script>window.addEventListener("load", function () { setTimeout(function () {
+  var report = [], figures = document.querySelectorAll(".%(cls)s");
+  for (var f = 0; f < figures.length; f++) {
+    var fig = figures[f];
+    var visible = function () {
+      var v = fig.querySelectorAll("[data-gb-frame]:not([hidden])");
+      return {n: v.length, html: v.length ? v[0].innerHTML : ""};
+    };
+    var entry = {id: fig.id, start: visible().n, controls: []};
+    var controls = fig.querySelectorAll("[data-gb-control]");
+    for (var i = 0; i < controls.length; i++) {
+      var c = controls[i], start = c.value, n = c.tagName === "SELECT" ? c.options.length
+        : Number(c.max) - Number(c.min) + 1;
+      var moves = 0, unchanged = [], bad = [];
+      for (var k = 0; k < n; k++) {
+        if (String(k) === start) { continue; }
+        var before = visible();
+        c.value = String(k);
+        c.dispatchEvent(new Event("input", {bubbles: true}));
+        c.dispatchEvent(new Event("change", {bubbles: true}));
+        var after = visible();
+        moves++;
+        if (after.n !== 1) { bad.push(k); }
+        if (after.html === before.html) { unchanged.push(k); }
+      }
+      c.value = start;
+      c.dispatchEvent(new Event("change", {bubbles: true}));
+      var label = c.closest("label");
+      entry.controls.push({name: label ? label.firstChild.textContent.trim() : String(i),
+                           moves: moves, unchanged: unchanged, bad: bad});
+    }
+    report.push(entry);
+  }
+  var pre = document.createElement("pre");
+  pre.id = "%(report)s";
+  pre.textContent = JSON.stringify(report);
+  document.body.appendChild(pre);
+}, 500); });</script>""" % {"cls": INTERACTIVE, "report": REPORT_ID}
+ERRORS_ID = "gb-console-errors"
+RECORDER = """<script>(function () {
+  var seen = [], original = console.error;
+  console.error = function () {
+    seen.push(Array.prototype.map.call(arguments, String).join(" "));
+    return original.apply(console, arguments);
+  };
+  window.addEventListener("error", function (e) {
+    var t = e.target;
+    seen.push(e.message || "failed to load " + ((t && (t.src || t.href)) || "a resource"));
+  }, true);
+  window.addEventListener("unhandledrejection", function (e) {
+    seen.push("unhandled promise rejection: " + e.reason);
+  });
+  window.addEventListener("load", function () { setTimeout(function () {
+    var pre = document.createElement("pre");
+    pre.id = "%s";
+    pre.textContent = JSON.stringify(seen);
+    document.body.appendChild(pre);
+  }, 1500); });
+})();</script>""" % ERRORS_ID
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
 
 
@@ -74,6 +148,7 @@ class StaticPage(HTMLParser):
         super().__init__()
         self.math = 0           # elements of class "math": MathJax must typeset each
         self.widget_views = 0   # embedded widget views: the embedder must render each
+        self.interactive = 0    # gaugebook.interactive figures: each control must respond
         self.remote = []        # scripts and stylesheets on another host
 
     def handle_starttag(self, tag, attrs):
@@ -82,6 +157,8 @@ class StaticPage(HTMLParser):
             self.math += 1
         if tag == "script" and a.get("type") == WIDGET_VIEW:
             self.widget_views += 1
+        if tag == "div" and INTERACTIVE in classes(attrs):
+            self.interactive += 1
         url = a.get("src") if tag == "script" else a.get("href") if tag == "link" else None
         if url and re.match(r"(https?:)?//", url) and (tag == "script" or "stylesheet" in (a.get("rel") or "")):
             self.remote.append(url)
@@ -155,6 +232,7 @@ class Result:
     rendered: RenderedPage | None = None
     failures: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
+    interactive: list[dict] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -170,6 +248,25 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
     def log_message(self, format, *args):
         pass
+
+    def do_GET(self):
+        """Serve each page with the console recorder (:data:`RECORDER`) first in its head, and
+        a page that holds an interactive figure also with the probe (:data:`PROBE`)."""
+        path = self.translate_path(self.path)
+        if path.endswith(".html") and os.path.isfile(path):
+            text = Path(path).read_text(encoding="utf-8")
+            text = re.sub(r"<head[^>]*>", lambda m: m.group(0) + RECORDER, text, count=1)
+            if f'class="{INTERACTIVE}"' in text:
+                text = text.replace("</body>", PROBE + "</body>", 1)
+            if RECORDER in text:
+                body = text.encode("utf-8")
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+        super().do_GET()
 
 
 def find_chromium(explicit: str | None) -> str:
@@ -191,6 +288,37 @@ def render(chromium: str, url: str, budget_ms: int) -> tuple[str, str]:
     return proc.stdout, proc.stderr
 
 
+def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict]:
+    """Read the probe's report from the DOM; add a failure for each figure or control that did
+    not respond. Returns the report (one entry per figure)."""
+    if not expected:
+        return []
+    match = re.search(rf'<pre id="{REPORT_ID}"[^>]*>(.*?)</pre>', dom, re.S)
+    if not match:
+        failures.append(f"the probe of the {expected} interactive figures did not report "
+                        "(a script error before it ran?)")
+        return []
+    report = json.loads(html.unescape(match.group(1)))
+    if len(report) != expected:
+        failures.append(f"{len(report)} of {expected} interactive figures in the DOM")
+    for fig in report:
+        if fig["start"] != 1:
+            failures.append(f"interactive figure {fig['id']}: {fig['start']} frames visible "
+                            "before any move (one expected)")
+        if not fig["controls"]:
+            failures.append(f"interactive figure {fig['id']} has no control")
+        for c in fig["controls"]:
+            where = f"interactive figure {fig['id']}, control {c['name']!r}"
+            if not c["moves"]:
+                failures.append(f"{where}: no other value to move to")
+            if c["bad"]:
+                failures.append(f"{where}: not exactly one frame visible at values {c['bad']}")
+            if c["unchanged"]:
+                failures.append(f"{where}: the figure did not change when moved to values "
+                                f"{c['unchanged']}")
+    return report
+
+
 def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_ms: int) -> Result:
     static = StaticPage()
     static.feed((html_dir / page).read_text(encoding="utf-8"))
@@ -205,6 +333,12 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
         return result
     result.seconds = time.monotonic() - start
     result.console = [msg for msg, _ in CONSOLE_ERROR.findall(log)]
+    match = re.search(rf'<pre id="{ERRORS_ID}"[^>]*>(.*?)</pre>', dom, re.S)
+    if match:
+        result.console += json.loads(html.unescape(match.group(1)))
+    else:
+        result.failures.append("the console recorder did not report (the page did not finish "
+                               f"loading within {budget_ms} ms of virtual time?)")
     for message in dict.fromkeys(result.console):
         result.failures.append(f"JavaScript error: {message}")
     rendered = RenderedPage()
@@ -223,6 +357,7 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             snippet = text[max(0, match.start() - 40):match.end() + 40]
             result.failures.append(f"raw TeX {name} in the visible text: ...{snippet}...")
             break
+    result.interactive = check_interactive(dom, static.interactive, result.failures)
     rendered_views = sum(rendered.subareas)
     if static.widget_views and rendered_views < static.widget_views:
         result.failures.append(
@@ -262,12 +397,20 @@ def main(argv=None) -> int:
     missing = sorted({path for path, code in QuietHandler.requests
                       if code >= 400 and path.split("?")[0] != "/favicon.ico"})
 
-    print(f"{'page':<34} {'math':>11} {'widgets':>9}  seconds")
+    print(f"{'page':<34} {'math':>11} {'widgets':>9} {'interactive':>11}  seconds")
     for r in results:
         mjx = r.rendered.mjx if r.rendered else 0
         views = sum(r.rendered.subareas) if r.rendered else 0
+        moves = sum(c["moves"] for fig in r.interactive for c in fig["controls"])
         print(f"{r.page:<34} {mjx:>5}/{r.static.math:<5} {views:>4}/{r.static.widget_views:<4} "
+              f"{len(r.interactive):>2}/{r.static.interactive:<2} {moves:>4} mv "
               f"{r.seconds:6.1f}  {'ok' if not r.failures else 'FAILED'}")
+    for r in results:
+        for fig in r.interactive:
+            controls = ", ".join(f"{c['name']} ({c['moves']} moves, "
+                                 f"{c['moves'] - len(c['unchanged'])} changed)"
+                                 for c in fig["controls"])
+            print(f"  {r.page} {fig['id']}: {controls}")
     failed = [r for r in results if r.failures]
     if failed or missing:
         print("\ncheck_rendered: FAILED", file=sys.stderr)
@@ -279,7 +422,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          f"no network, no JavaScript error).")
+          f"interactive figures responding, no network, no JavaScript error).")
     return 0
 
 

@@ -53,3 +53,12 @@ def test_each_inline_script_once():
     ext.each_script_once(None, "book/05_rope", "page.html", context, None)
     assert context["script_files"] is scripts  # the same list, edited in place
     assert [s.attributes.get("body") for s in scripts] == [None, body, "var other = 1"]
+
+
+def test_pages_start_in_a_valid_colour_mode():
+    context = {}
+    ext.default_mode(None, "book/05_rope", "page.html", context, None)
+    assert context["default_mode"] == "auto"  # not "", which the theme's script logs as an error
+    context = {"default_mode": "dark"}
+    ext.default_mode(None, "book/05_rope", "page.html", context, None)
+    assert context["default_mode"] == "dark"

@@ -6,6 +6,10 @@
 * Each inline script once. sphinx-thebe adds its configuration script (``const THEBE_JS_URL =
   ...``) after the HTML builder has started; Sphinx 7 then writes it into every page twice, and
   the second copy fails with "Identifier 'THEBE_JS_URL' has already been declared".
+* A valid colour mode. pydata-sphinx-theme's layout starts a first visit in the mode
+  ``{{ default_mode }}``, a template variable that nothing sets: the empty mode makes its script
+  log "Got invalid theme mode: . Resetting to auto." (a console error) on every page. The pages
+  start in ``auto`` (the reader's system setting), which the script would fall back to anyway.
 """
 from __future__ import annotations
 
@@ -47,8 +51,14 @@ def each_script_once(app, pagename, templatename, context, doctree) -> None:
     context["script_files"][:] = unique
 
 
+def default_mode(app, pagename, templatename, context, doctree) -> None:
+    """Start a first visit in the ``auto`` colour mode (the theme leaves the mode empty)."""
+    context["default_mode"] = context.get("default_mode") or "auto"
+
+
 def setup(app):
     app.connect("config-inited", launch_release)
     app.connect("html-page-context", colab_edition, priority=510)  # after the theme's (501)
     app.connect("html-page-context", each_script_once, priority=900)
+    app.connect("html-page-context", default_mode)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
