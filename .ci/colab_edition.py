@@ -467,12 +467,17 @@ def citation(role: str, content: str, page: Page) -> str:
 
 def page_outputs(outputs: list) -> list:
     """The outputs a reader sees on the page, in forms Colab shows. A widget's view needs a live
-    kernel in Colab (its text form is only a repr), so it goes: running the cell shows it."""
+    kernel in Colab (its text form is only a repr), so it goes: running the cell shows it. An
+    explorer with a static twin (``gaugebook.interactive.StaticTwin``) keeps the twin, its
+    ``text/html``, which is what the page shows and responds without a kernel."""
     kept = []
     for output in outputs:
-        if WIDGET_VIEW in output.get("data", {}):
+        data = output.get("data", {})
+        if WIDGET_VIEW in data and "text/html" not in data:
             continue
         output = copy.deepcopy(output)
+        if WIDGET_VIEW in data:
+            output["data"] = {k: v for k, v in data.items() if k in ("text/html", "text/plain")}
         output.get("metadata", {}).pop("scrapbook", None)
         kept.append(output)
     return kept

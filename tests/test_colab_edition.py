@@ -247,6 +247,11 @@ def test_cells_as_on_the_page(page):
     assert plain.source == "w = 4" and plain.outputs == [shown] and "cellView" not in plain.metadata
     assert collapsed.metadata["cellView"] == "form" and collapsed.source.endswith("\nv = 5")
     assert collapsed.source.startswith("# @title ") and collapsed.outputs == [shown]
+    twin = nbformat.v4.new_output("display_data", {"text/plain": "Explorer(...)",
+                                                   edition.WIDGET_VIEW: {"model_id": "x"},
+                                                   "text/html": "<div>static twin</div>"})
+    assert [o["data"] for o in edition.page_outputs([twin, widget])] == [
+        {"text/plain": "Explorer(...)", "text/html": "<div>static twin</div>"}]
     executed.cells[6].outputs = [nbformat.v4.new_output("error", ename="E", evalue="",
                                                          traceback=[])]
     with pytest.raises(ValueError, match="cell 6 raised"):
