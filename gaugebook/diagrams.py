@@ -79,11 +79,11 @@ def orbit_diagram() -> Figure:
     the orbit computes a different function (chapter 1)."""
     fig, ax = _canvas()
     ax.add_patch(Ellipse((3.0, 3.1), 5.6, 5.0, fc=_tint(BLUE, 0.06), ec=BLUE, lw=1))
-    _label(ax, 0.7, 5.4, r"parameter space $\Theta$", BLUE, 10, ha="left")
-    s = np.linspace(-1.2, 1.2, 100)
+    _label(ax, 0.3, 5.95, r"parameter space $\Theta$", BLUE, 10, ha="left")
+    s = np.linspace(-1.05, 1.0, 100)
     _curve(ax, 3.0 + 1.9 * np.sin(s), 3.1 + 1.6 * s - 0.6 * s**2, ORANGE)
-    _label(ax, 4.95, 4.6, r"orbit $G\cdot\theta$", ORANGE, 10)
-    theta, gtheta, off = (3.0, 3.1), (4.5, 3.6), (1.7, 2.2)
+    _label(ax, 3.3, 4.7, r"orbit $G\cdot\theta$", ORANGE, 10)
+    theta, off = (3.0, 3.1), (1.7, 2.2)
     gtheta = (3.0 + 1.9 * math.sin(0.35), 3.1 + 1.6 * 0.35 - 0.6 * 0.35**2)
     for p, t, dx in ((theta, r"$\theta$", -0.35), (gtheta, r"$g\cdot\theta$", 0.55),
                      (off, r"$\theta+\delta$", -0.1)):
@@ -277,11 +277,12 @@ def sharpness_orbit_diagram() -> Figure:
     s = np.linspace(0.3, 3.2, 100)
     _curve(ax, 1.0 + 2.6 * s, 1.2 + 3.4 / (1 + s), ORANGE)
     _label(ax, 8.9, 1.65, r"orbit, $\mathcal{L}$ constant", ORANGE, 9)
-    for a, (w, h) in zip((0.5, 1.0, 2.0), ((0.45, 1.9), (0.9, 0.9), (1.9, 0.45))):
+    shapes = ((0.45, 1.9, -1.25), (0.9, 0.9, -0.8), (1.9, 0.45, 0.8))  # width, height, label
+    for a, (w, h, dy) in zip((0.5, 1.0, 2.0), shapes):
         x, y = 1.0 + 2.6 * a * 1.2, 1.2 + 3.4 / (1 + a * 1.2)
         ax.add_patch(Ellipse((x, y), w, h, angle=30, fc=_tint(BLUE, 0.15), ec=BLUE, lw=1))
         ax.plot(x, y, "o", color="black", ms=4)
-        _label(ax, x, y - max(w, h) / 2 - 0.3, rf"$\alpha = {a:g}$", size=10)
+        _label(ax, x, y + dy, rf"$\alpha = {a:g}$", size=10)
     _label(ax, 5.0, 5.7, r"$M = N = \alpha I$: $W_Q, W_V$ times $\alpha$, $W_K, W_O$ over"
            r" $\alpha$", size=10)
     _label(ax, 5.0, 5.1, r"$\nabla^2\mathcal{L}(A\theta) = A^{-\top}\,\nabla^2\mathcal{L}"
@@ -356,17 +357,17 @@ def group_map_diagram() -> Figure:
     """One-page map of Part I: each factor of the symmetry group, the architecture that has
     it, its dimension (or order, for a discrete factor) and the book's verdict on the source."""
     rows = [(r"QK: $M_i \in GL(d_k)$, $W_QM$, $W_KM^{-\top}$", "MHA", r"$h\,d_k^2$",
-             "contragredient, not $M$, $M$ (ch. 2-3)"),
+             r"$M^{-\top}$ on $W_K$, not $M$ (ch. 2-3)"),
             (r"VO: $N_i \in GL(d_v)$, $W_VN$, $N^{-1}W_O$", "MHA", r"$h\,d_v^2$",
              "confirmed (ch. 3-4)"),
             (r"head permutations $S_h$", "MHA", r"$h!$ elements",
              "whole heads move (ch. 3, 10)"),
             (r"translations $b_K + t$, $b_V + t$", "biases", r"$h(d_k + d_v)$",
-             "missing in the source (ch. 3)"),
+             "not matrix actions (ch. 3)"),
             (r"RoPE commutant $\rho_i R(\varphi_i)$", "RoPE", r"$h\,d_k$ (QK)",
              r"not $O(d_k)$ (ch. 5)"),
             (r"one $M_j$, $N_j$ per KV group", "GQA, MQA", r"$n_{kv}(d_k^2 + d_v^2)$",
-             r"$S_g \wr S_{n_{kv}}$ relabellings (ch. 7)"),
+             r"relabellings $S_g \wr S_{n_{kv}}$ (ch. 7)"),
             (r"experts with router columns", "MoE", r"$E!$ elements",
              "router must move too (ch. 8)"),
             (r"LayerNorm gains, centring, ...", "GPT block", "term by term",
@@ -374,8 +375,8 @@ def group_map_diagram() -> Figure:
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.axis("off")
-    cols = (0.015, 0.41, 0.555, 0.71)
-    for x, text in zip(cols, ("factor", "architecture", "dimension", "verdict")):
+    cols = (0.015, 0.40, 0.53, 0.695)
+    for x, text in zip(cols, ("factor", "model", "dimension", "verdict")):
         ax.text(x, 0.95, text, fontsize=9, weight="bold", va="center")
     for r, row in enumerate(rows):
         y = 0.85 - r * 0.112
@@ -399,7 +400,7 @@ def noether_charge_diagram() -> Figure:
     _label(ax, 2.4, 0.7, r"$W_Q^\top W_Q - W_K^\top W_K$ conserved" "\n"
            "(the scalings' charge)", BLUE, 9)
     _arrow(ax, (2.1, 3.2), (2.3, 4.3), BLUE, lw=2)
-    _label(ax, 3.6, 3.6, r"$\dot\theta = -\nabla L$", BLUE, 10)
+    _label(ax, 3.3, 4.3, r"$\dot\theta = -\nabla L$", BLUE, 10)
     c, r, a = (7.2, 3.2), 1.5, 0.6
     ax.add_patch(Circle(c, r, fc="none", ec=ORANGE, lw=2))
     px, py = c[0] + r * math.cos(a), c[1] + r * math.sin(a)
