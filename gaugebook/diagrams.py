@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, Ellipse, FancyArrowPatch, FancyBboxPatch
 
@@ -54,7 +55,6 @@ def _label(ax, x, y, text, color="black", size=9, **kw):
 
 def _tint(color, amount):
     """``color`` mixed with white: ``amount`` = 1 is the colour, 0 is white."""
-    from matplotlib.colors import to_rgb
     return tuple(1 - amount * (1 - c) for c in to_rgb(color))
 
 
