@@ -130,7 +130,7 @@ class StaticExplorer:
 
     @property
     def current(self) -> tuple[int, ...]:
-        """Indices of the controls' starting values: the frame shown before any move."""
+        """The frame shown before any move, as the indices of the controls' starting values."""
         return tuple(c.index for c in self.controls)
 
 
