@@ -19,8 +19,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   without a kernel): the server adds a probe script to each page that holds one; after the page
   loaded, it moves every control of every such figure through each of its values in turn (the
   others held at their start), firing ``input`` and ``change`` as a reader's hand would, and
-  records whether exactly one frame is visible and whether it changed. A figure that shows no
-  frame, or a control move after which the figure did not change, fails the page;
+  records whether exactly one frame is visible, whether it changed and whether it fits its
+  column (the window is 1280 px wide). A figure that shows no frame, a control move after which
+  the figure did not change, or a frame wider than the column fails the page;
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -59,6 +60,7 @@ CHROMIUM_FLAGS = (
     # close the network: every host name but 127.0.0.1 fails to resolve
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
     "--enable-logging=stderr", "--v=0",  # JavaScript console messages go to stderr
+    "--window-size=1280,1024",  # the width the pages are measured at
 )
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SKIP_TEXT = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "noscript", "svg",
@@ -83,7 +85,13 @@ PROBE = """<script>window.addEventListener("load", function () { setTimeout(func
       var v = fig.querySelectorAll("[data-gb-frame]:not([hidden])");
       return {n: v.length, html: v.length ? v[0].innerHTML : ""};
     };
-    var entry = {id: fig.id, start: visible().n, controls: []};
+    var entry = {id: fig.id, start: visible().n, controls: [], overflow: []};
+    var column = fig.closest("article, main") || document.body;
+    var wide = function () {
+      return fig.scrollWidth > column.clientWidth + 1
+        || fig.getBoundingClientRect().right > column.getBoundingClientRect().right + 1;
+    };
+    if (wide()) { entry.overflow.push("start"); }
     var controls = fig.querySelectorAll("[data-gb-control]");
     for (var i = 0; i < controls.length; i++) {
       var c = controls[i], start = c.value, n = c.tagName === "SELECT" ? c.options.length
@@ -99,6 +107,7 @@ PROBE = """<script>window.addEventListener("load", function () { setTimeout(func
         moves++;
         if (after.n !== 1) { bad.push(k); }
         if (after.html === before.html) { unchanged.push(k); }
+        if (wide()) { entry.overflow.push(k); }
       }
       c.value = start;
       c.dispatchEvent(new Event("change", {bubbles: true}));
@@ -305,6 +314,9 @@ def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict
         if fig["start"] != 1:
             failures.append(f"interactive figure {fig['id']}: {fig['start']} frames visible "
                             "before any move (one expected)")
+        if fig.get("overflow"):
+            failures.append(f"interactive figure {fig['id']} is wider than its column at "
+                            f"{len(fig['overflow'])} of its frames")
         if not fig["controls"]:
             failures.append(f"interactive figure {fig['id']} has no control")
         for c in fig["controls"]:
