@@ -546,14 +546,20 @@ def page_images(html_file: Path) -> int:
 
 
 def notebook_images(nb) -> int:
-    """Images a reader of the notebook sees: in Markdown (``data:`` URIs) and in outputs."""
+    """Images a reader of the notebook sees, counted as the page's ``<img>`` are: in Markdown
+    (``data:`` URIs), image outputs, and ``<img>`` inside HTML outputs (the frames of an
+    interactive figure that the page precomputed)."""
     count = 0
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             count += len(re.findall(r"!\[[^\]]*\]\(data:image/", cell.source))
-        else:
-            count += sum(any(m in out.get("data", {}) for m in IMAGE_MIMES)
-                         for out in cell.get("outputs", []))
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if any(m in data for m in IMAGE_MIMES):
+                count += 1
+            elif "text/html" in data:
+                count += len(re.findall(r"<img\b", data["text/html"]))
     return count
 
 
