@@ -43,19 +43,20 @@ HISTORY_EXTRA = ("path_length", "distance", "skipped_steps")
 
 def find_results(relative: str | Path, *, extra_roots=()) -> Path:
     """The folder ``relative`` (e.g. ``"results/gpu/seed0"``) under the current directory or one
-    of its parents, under the folder that holds the ``gaugebook`` package (a clone), or under
-    one of ``extra_roots``. The recorded results belong to the repository, not to the installed
-    package: outside a clone, clone the repository and pass its path in ``extra_roots``."""
+    of its parents, under the folder that holds the ``gaugebook`` package (a clone), under one
+    of ``extra_roots``, or else in the copy installed with the package: a wheel carries
+    ``results/`` and ``benchmarks/results/`` as ``gaugebook/_recorded/`` (see pyproject.toml),
+    so a reader without a checkout (Colab, ``pip install``) has them too."""
     here = Path.cwd().resolve()
-    roots = [here, *here.parents, Path(__file__).resolve().parent.parent,
-             *map(Path, extra_roots)]
+    package = Path(__file__).resolve().parent
+    roots = [here, *here.parents, package.parent, *map(Path, extra_roots), package / "_recorded"]
     for root in roots:
         if (root / relative).is_dir():
             return root / relative
     raise FileNotFoundError(
-        f"no folder {relative} under {here}, its parents or {[str(r) for r in extra_roots]}: "
-        "the results are part of the repository (git clone "
-        "https://github.com/gaugebook/gaugebook) and not of the installed package")
+        f"no folder {relative} under {here}, its parents or {[str(r) for r in extra_roots]}, "
+        "nor installed with the package (gaugebook/_recorded, which a wheel built from the "
+        "repository has): install gaugebook from https://github.com/gaugebook/gaugebook")
 
 
 @dataclass(frozen=True)

@@ -163,8 +163,19 @@ def test_find_results_searches_parents_and_extra_roots(tmp_path, monkeypatch):
     assert find_results("results/gpu/seed9") == target.resolve()
     monkeypatch.chdir(tmp_path)
     assert find_results("results/gpu/seed9", extra_roots=[tmp_path / "repo"]) == target
-    with pytest.raises(FileNotFoundError, match="git clone"):
+    with pytest.raises(FileNotFoundError, match="nor installed with the package"):
         find_results("results/gpu/seed8")
+
+
+def test_find_results_falls_back_to_the_copy_installed_with_the_package(tmp_path, monkeypatch):
+    """Outside a clone (Colab, pip install) the wheel's gaugebook/_recorded copy is found."""
+    import gaugebook.results as results
+
+    package = tmp_path / "site" / "gaugebook"
+    (package / "_recorded" / "results" / "gpu" / "seed0").mkdir(parents=True)
+    monkeypatch.setattr(results, "__file__", str(package / "results.py"))
+    monkeypatch.chdir(tmp_path)
+    assert find_results("results/gpu/seed0") == package / "_recorded" / "results" / "gpu" / "seed0"
 
 
 # ---------- the pre-registered decision rule (preset `paper`) ----------
