@@ -22,6 +22,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   records whether exactly one frame is visible, whether it changed and whether it fits its
   column (the window is 1280 px wide). A figure that shows no frame, a control move after which
   the figure did not change, or a frame wider than the column fails the page;
+* widths: no shown code cell (folded ``hide-input`` cells aside) scrolls sideways in the 1280 px
+  window, measured in the page (the book's visible code is at most 88 columns and its style sheet
+  makes 88 columns fit); outputs wider than their box are counted and reported, not failed;
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -143,6 +146,30 @@ RECORDER = """<script>(function () {
     document.body.appendChild(pre);
   }, 1500); });
 })();</script>""" % ERRORS_ID
+WIDTHS_ID = "gb-widths"
+# Run on every page after load: which shown code cells (inputs; not the folded ones) and outputs
+# scroll sideways in the 1280 px window (wider than their box). Inputs fail the page (the book's
+# visible code is at most 88 columns, which the book's style sheet makes fit); outputs are counted
+# and reported.
+WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(function () {
+  var scrolls = function (selector) {
+    var out = [], blocks = document.querySelectorAll(selector);
+    for (var i = 0; i < blocks.length; i++) {
+      var b = blocks[i];
+      var folded = b.closest(".tag_hide-input, .tag_hide-cell");  // one click away
+      if (!folded && b.offsetParent !== null && b.scrollWidth > b.clientWidth + 1) {
+        out.push(b.textContent.split("\\n").sort(function (x, y) { return y.length - x.length; })[0]
+                 .slice(0, 100));
+      }
+    }
+    return out;
+  };
+  var pre = document.createElement("pre");
+  pre.id = "%s";
+  pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
+                                    outputs: scrolls("div.cell_output pre")});
+  document.body.appendChild(pre);
+}, 700); });</script>""" % WIDTHS_ID
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
 
 
@@ -242,6 +269,7 @@ class Result:
     failures: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
     interactive: list[dict] = field(default_factory=list)
+    wide_outputs: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -265,6 +293,7 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         if path.endswith(".html") and os.path.isfile(path):
             text = Path(path).read_text(encoding="utf-8")
             text = re.sub(r"<head[^>]*>", lambda m: m.group(0) + RECORDER, text, count=1)
+            text = text.replace("</body>", WIDTHS + "</body>", 1)
             if f'class="{INTERACTIVE}"' in text:
                 text = text.replace("</body>", PROBE + "</body>", 1)
             if RECORDER in text:
@@ -370,6 +399,14 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"raw TeX {name} in the visible text: ...{snippet}...")
             break
     result.interactive = check_interactive(dom, static.interactive, result.failures)
+    match = re.search(rf'<pre id="{WIDTHS_ID}"[^>]*>(.*?)</pre>', dom, re.S)
+    if match:
+        widths = json.loads(html.unescape(match.group(1)))
+        for line in widths["inputs"]:
+            result.failures.append(f"a code cell scrolls sideways at 1280 px: {line!r}")
+        result.wide_outputs = widths["outputs"]
+    else:
+        result.failures.append("the width probe did not report")
     rendered_views = sum(rendered.subareas)
     if static.widget_views and rendered_views < static.widget_views:
         result.failures.append(
@@ -423,6 +460,10 @@ def main(argv=None) -> int:
                                  f"{c['moves'] - len(c['unchanged'])} changed)"
                                  for c in fig["controls"])
             print(f"  {r.page} {fig['id']}: {controls}")
+    wide = [(r.page, len(r.wide_outputs)) for r in results if r.wide_outputs]
+    if wide:
+        print(f"\noutputs wider than their column at 1280 px (reported, not failed): "
+              f"{sum(n for _, n in wide)} in " + ", ".join(f"{p} ({n})" for p, n in wide))
     failed = [r for r in results if r.failures]
     if failed or missing:
         print("\ncheck_rendered: FAILED", file=sys.stderr)
@@ -434,7 +475,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          f"interactive figures responding, no network, no JavaScript error).")
+          f"interactive figures responding, no code cell scrolling sideways, no network, no "
+          f"JavaScript error).")
     return 0
 
 

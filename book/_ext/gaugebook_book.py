@@ -10,10 +10,12 @@
   ``{{ default_mode }}``, a template variable that nothing sets: the empty mode makes its script
   log "Got invalid theme mode: . Resetting to auto." (a console error) on every page. The pages
   start in ``auto`` (the reader's system setting), which the script would fall back to anyway.
+* Code that fits. ``static/gaugebook.css`` sets the size of code and outputs at which the book's
+  88-column lines fit the text column of a 1280 px window.
 """
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import gaugebook
 
@@ -56,8 +58,15 @@ def default_mode(app, pagename, templatename, context, doctree) -> None:
     context["default_mode"] = context.get("default_mode") or "auto"
 
 
+def add_static(app, config) -> None:
+    """Serve ``static/`` (the book's style sheet) with the theme's static files."""
+    config.html_static_path.append(str(Path(__file__).parent / "static"))
+
+
 def setup(app):
     app.connect("config-inited", launch_release)
+    app.connect("config-inited", add_static)
+    app.add_css_file("gaugebook.css")
     app.connect("html-page-context", colab_edition, priority=510)  # after the theme's (501)
     app.connect("html-page-context", each_script_once, priority=900)
     app.connect("html-page-context", default_mode)
