@@ -519,6 +519,8 @@ def convert_notebook(source, executed, page: Page, version: str):
             new.execution_count = ran.get("execution_count")
         fold(new, tags)
         cells.append(new)
+    for i, new in enumerate(cells):  # ids from the content: the same book, the same edition
+        new.id = hashlib.sha1(f"{page.docname}:{i}:{new.source}".encode()).hexdigest()[:8]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
