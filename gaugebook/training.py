@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from gaugebook import mechanics
 from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
-from gaugebook.optim import ECD, make_optimizer
+from gaugebook.optim import make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
 from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
 
@@ -248,12 +248,15 @@ def _member(cfg: RunConfig, device: torch.device) -> _Member:
     return _Member(cfg, corpus, model, bias_generator, chaos_seed, init_velocity)
 
 
-def _optimizer_hp(cfg: RunConfig, model: GPT, params: dict[str, torch.Tensor]) -> dict:
-    """``optimizer_hp`` for :func:`make_optimizer`: ECD's named partition becomes its blocks."""
+def _build_optimizer(cfg: RunConfig, model: GPT, params: dict[str, torch.Tensor], **extra):
+    """``cfg``'s optimizer over ``params`` (of ``model``'s layout, alone or stacked), with
+    ``extra`` settings: ECD's named partition becomes its blocks, Muon gets the names it routes
+    by."""
     hp = {k: v for k, v in cfg.optimizer_hp.items() if k not in ("partition", "init_velocity_std")}
     if cfg.optimizer_hp.get("partition") == "gpt2":
         hp["blocks"] = [[params[n] for n in group] for group in model.gpt2_tensors()]
-    return hp
+    tensors = list(params.items()) if cfg.optimizer == "muon" else list(params.values())
+    return make_optimizer(cfg.optimizer, tensors, **hp, **extra)
 
 
 # ----------------------------------------------------------------------------- the cohort
@@ -344,16 +347,12 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohor
 
         def loss(x, y, draws):
             return batched_loss(params, x, y, *draws)
-    hp = _optimizer_hp(cfg, members[0].model, params)
+    extra = {}
     if cfg.optimizer == "ecd":
-        hp["chaos_seeds"] = [m.chaos_seed for m in members]
+        extra["chaos_seeds"] = [m.chaos_seed for m in members]
         if batched:
-            hp["members"] = len(members)
-    if cfg.optimizer == "muon":
-        tensors = list(params.items())  # Muon routes by name
-    else:
-        tensors = list(params.values())
-    optimizer = make_optimizer(cfg.optimizer, tensors, **hp)
+            extra["members"] = len(members)
+    optimizer = _build_optimizer(cfg, members[0].model, params, **extra)
     if members[0].init_velocity is not None:  # SGDM's random initial momentum buffers
         for i, p in enumerate(params.values()):
             v = [m.init_velocity[i] for m in members]
@@ -650,9 +649,7 @@ def check_runs(runs: list[RunConfig], out: Path, device: str) -> None:
         model = GPT(stand_in)
         params = dict(model.named_parameters())
         try:
-            hp = _optimizer_hp(cfg, model, params)
-            make_optimizer(cfg.optimizer, list(params.items()) if cfg.optimizer == "muon"
-                           else list(params.values()), **hp)
+            _build_optimizer(cfg, model, params)
         except (TypeError, ValueError) as error:
             hint = (" (--set optimizer_hp=... replaces every entry; --set optimizer_hp.KEY=VALUE "
                     "changes one)" if "missing" in str(error) else "")
