@@ -18,9 +18,11 @@ What becomes of the Markdown:
 * ``{admonition}`` (corrections use ``:class: warning``) and the named admonitions: a box
   (``<div>`` with a coloured left border) with the title in bold; ``{exercise}``: a box titled
   ``Exercise N.k (title)``; ``{solution}``: a ``<details>`` block, closed, as the page's
-  dropdown; ``{glue:figure}``: the glued image (a ``data:`` URI) and its numbered caption;
+  dropdown; sphinx-proof's ``{prf:theorem}``, ``{prf:lemma}``, ... (each with a ``:label:``): a
+  box titled ``Theorem 4.1 (title)``, numbered as on the page, and ``{prf:proof}``: a box titled
+  ``Proof``; ``{glue:figure}``: the glued image (a ``data:`` URI) and its numbered caption;
 * ``{glue:text}``: the value written in, formatted by myst-nb's own function; ``{ref}``,
-  ``{numref}``, ``{doc}``, ``{term}`` and ``{cite}`` (``:p``, ``:t``): links to the rendered
+  ``{numref}``, ``{prf:ref}``, ``{doc}``, ``{term}`` and ``{cite}`` (``:p``, ``:t``): links to the rendered
   page with the text the page shows; ``(label)=`` targets and ``%`` comments are dropped;
 * math stays ``$...$`` / ``$$...$$``; the book's MathJax macros (``_config.yml``) are expanded,
   since Colab's MathJax does not know them.
@@ -71,7 +73,7 @@ FOLDED = {"remove-cell": "# @title Not on the page; later cells use what it comp
 BOX_COLOURS = {"warning": "#e8a317", "caution": "#e8a317", "attention": "#e8a317",
                "danger": "#d9534f", "error": "#d9534f", "important": "#d9534f",
                "note": "#3b82f6", "seealso": "#3b82f6", "hint": "#22a06b", "tip": "#22a06b",
-               "exercise": "#6c757d", "admonition": "#3b82f6"}
+               "exercise": "#6c757d", "proof": "#6f42c1", "admonition": "#3b82f6"}
 NAMED_ADMONITIONS = ("attention", "caution", "danger", "error", "hint", "important", "note",
                      "seealso", "tip", "warning")
 
@@ -114,6 +116,7 @@ class Build:
     bib: dict               # bibtex key -> (authors as cited, year)
     macros: dict            # MathJax macro name -> expansion
     exercises: dict = field(default_factory=dict)  # label -> (docname, title or "")
+    proofs: dict = field(default_factory=dict)  # label -> (docname, realtype, countertype, numbered)
     section_ids: dict = field(default_factory=dict)  # docname -> {any id of a section: its first}
 
     def url(self, docname: str, anchor: str = "") -> str:
@@ -144,6 +147,8 @@ def load_build(build: Path) -> Build:
             subtitles = [n.astext() for n in info["node"].children[0].findall()
                          if type(n).__name__ == "exercise_subtitle"]
             exercises[label] = (info["docname"], subtitles[0] if subtitles else "")
+    proofs = {label: (info["docname"], info["realtype"], info["countertype"], not info["nonumber"])
+              for label, info in getattr(env, "proof_list", {}).items()}
     return Build(
         labels=dict(std["labels"]), anonlabels=dict(std["anonlabels"]),
         terms={name.lower(): place for (kind, name), place in std["objects"].items()
@@ -152,7 +157,7 @@ def load_build(build: Path) -> Build:
         fignumbers=env.toc_fignumbers, secnumbers=env.toc_secnumbers,
         numfig_format=dict(env.config.numfig_format), citations=citations,
         bib=read_bib([ROOT / f for f in env.config.bibtex_bibfiles]),
-        macros=read_macros(), exercises=exercises,
+        macros=read_macros(), exercises=exercises, proofs=proofs,
         section_ids={doc: section_ids(build / ".doctrees" / f"{doc}.doctree")
                      for doc in env.toc_secnumbers})
 
@@ -300,9 +305,30 @@ def render_directive(name: str, arg: str, body: list[str], page: Page) -> str:
         title = "Solution to " + exercise_title(arg.strip(), page)
         return (f"<details>\n<summary><b>{markdown_to_html_inline(title)}</b></summary>\n\n"
                 f"{convert_markdown(content, page)}\n\n</details>")
+    if name == "prf:proof":
+        return box("Proof", convert_markdown(content, page), "proof")
+    if name.startswith("prf:"):
+        if "label" not in options:
+            page.fail(f"{{{name}}} {arg} has no :label: (the edition numbers it by its label)")
+        title = proof_name(options["label"], page)
+        if arg:
+            title += f" ({convert_inline(arg, page)})"
+        return box(title, convert_markdown(content, page), "proof")
     if name == "glue:figure":
         return glue_figure(arg.strip(), options, content, page)
     page.fail(f"no Colab form for the directive {{{name}}}")
+
+
+def proof_name(label: str, page: Page) -> str:
+    """``Theorem 4.1``: a sphinx-proof block's type and number, as its page and ``{prf:ref}``
+    show them (``Lemma`` alone where it is unnumbered)."""
+    if label not in page.build.proofs:
+        page.fail(f"unknown theorem label {label!r}")
+    docname, realtype, countertype, numbered = page.build.proofs[label]
+    if not numbered:
+        return realtype.title()
+    number = page.build.fignumbers[docname][countertype][label]
+    return f"{realtype.title()} {'.'.join(map(str, number))}"
 
 
 def exercise_title(label: str, page: Page) -> str:
@@ -416,6 +442,10 @@ def render_role(role: str, content: str, page: Page) -> str:
         else:
             shown = build.numfig_format[figtype] % number
         return link(shown, build.url(docname, anchor))
+    if role == "prf:ref":
+        if target not in build.proofs:
+            page.fail(f"unknown theorem label {target!r}")
+        return link(text or proof_name(target, page), build.url(build.proofs[target][0], target))
     if role == "doc":
         docname = posixpath.normpath(posixpath.join(posixpath.dirname(page.docname), target))
         if docname not in build.titles:

@@ -133,13 +133,15 @@ def page():
         terms={"jacobian rank": ("book/glossary", "term-Jacobian-rank")},
         titles={"book/01_introduction": "Introduction", "book/02_definition": "Definition"},
         fignumbers={"book/01_introduction": {"figure": {"ch01-fig-path": (1, 1)},
-                                             "exercise": {"ch01-ex1": (1, 1)}}},
+                                             "exercise": {"ch01-ex1": (1, 1)},
+                                             "theorem": {"ch01-thm-gauge": (1, 2)}}},
         secnumbers={"book/01_introduction": {"": (1,), "#ch01-redundant": (1, 2)}},
         numfig_format={"figure": "Fig. %s", "section": "Section %s", "exercise": "Exercise %s"},
         citations={"deluca2022born": ("book/bibliography", "id7")},
         bib={"deluca2022born": ("De Luca and Silverstein", "2022")},
         macros={"GL": "\\mathrm{GL}", "R": "\\mathbb{R}"},
-        exercises={"ch01-ex1": ("book/01_introduction", "Predict, then measure")})
+        exercises={"ch01-ex1": ("book/01_introduction", "Predict, then measure")},
+        proofs={"ch01-thm-gauge": ("book/01_introduction", "lemma", "theorem", True)})
     glue = {"ch01-rank": {"data": {"text/plain": "156"}},
             "ch01-gap": {"data": {"text/plain": "0.031948482464750294"}},
             "ch01-name": {"data": {"text/plain": "'a_b*c'"}},
@@ -191,6 +193,21 @@ def test_boxes_exercises_and_solutions(page):
             "</summary>") in md
     assert "```python\nx = {'a': 1}\n```" in md and md.endswith("</details>")
     assert not any(p.search(without_code(md)) for _, p in edition.MYST_LEFT)
+
+
+def test_theorems_and_proofs(page):
+    url = edition.PAGES + "book/01_introduction.html"
+    md = edition.convert_markdown(
+        "```{prf:lemma} Value space, $\\GL$\n:label: ch01-thm-gauge\n\nAny $N$.\n```\n\n"
+        "```{prf:proof}\nMultiply.\n```\n\nBy {prf:ref}`ch01-thm-gauge`.", page)
+    assert "**Lemma 1.2 (Value space, $\\mathrm{GL}$)**" in md and "Any $N$." in md
+    assert "**Proof**" in md and "Multiply." in md
+    assert md.endswith(f"By [Lemma 1.2]({url}#ch01-thm-gauge).")
+    assert not any(p.search(without_code(md)) for _, p in edition.MYST_LEFT)
+    with pytest.raises(ValueError, match="no :label:"):
+        edition.convert_markdown("```{prf:theorem} Untold\nx\n```", page)
+    with pytest.raises(ValueError, match="unknown theorem label"):
+        edition.convert_markdown("{prf:ref}`nowhere`", page)
 
 
 def test_glued_figure_is_the_image_with_its_numbered_caption(page):
