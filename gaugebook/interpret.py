@@ -23,6 +23,12 @@ last piece alone (``reference="mean"``); the attention weights see the whole of 
 (``reference="effective"``). Symmetric models have no ``E[b_Q]``: a fixed vector (the book
 uses ``0.5 * 1``) serves as the null reference there.
 
+**Static keys.** The paper also measures alignment without running the model: the *static key*
+of vocabulary token ``v`` in head ``h`` is its embedding row times the head's key weights,
+``e_v W_K^{(h)}`` (no LayerNorm, position or bias), and its cosine with ``E[b_Q]`` is the
+token's alignment (:func:`static_key_cosines`). :func:`alignment_scores` condenses both
+measures into one structure score each, which the trainer records for every run.
+
 **Gauge.** Under ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` (with ``c -> c M``) the product ``c . k``
 is invariant but the cosine between ``k`` and a *fixed* vector is not: :func:`key_alignment`
 measures a gauge-dependent quantity unless something (the resampled unlearned bias) fixes the
@@ -43,7 +49,7 @@ from gaugebook.gpt import GPT
 
 __all__ = ["STRUCTURAL", "SUPPRESSED", "attention_inputs", "layer_keys", "query_offset",
            "reference_vectors", "key_log_factor", "reweight", "key_alignment", "log_factors",
-           "by_category", "structure_score"]
+           "by_category", "structure_score", "static_key_cosines", "alignment_scores"]
 
 STRUCTURAL = (Category.SENTENCE_START, Category.PUNCTUATION, Category.QUESTION_WORD)
 SUPPRESSED = (Category.NOISE,)
@@ -197,3 +203,44 @@ def structure_score(table: dict[Category, torch.Tensor], structural=STRUCTURAL,
     plus = torch.stack([table[c] for c in structural]).mean(0)
     minus = torch.stack([table[c] for c in suppressed]).mean(0)
     return plus - minus
+
+
+@torch.no_grad()
+def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """Cosine of each static key ``e_v W_K^{(h)}`` with the layer's reference direction
+    (:func:`reference_vectors`: ``"mean"`` is ``E[b_Q]``, the paper's measure; a tensor
+    ``[dk]`` is a fixed or random direction, e.g. for a null distribution), ``[L, H, V]``.
+    ``rows [V, D]`` are the token embeddings by default; pass ``model.wpe.weight`` for
+    positions. Keys of grouped key/value heads are repeated to their query heads."""
+    rows = (model.wte.weight if rows is None else rows).detach()
+    ref = reference_vectors(model, reference)  # (L, H, dk)
+    out = []
+    for block, r in zip(model.blocks, ref):
+        attn = block.attn
+        keys = torch.einsum("vd,hde->hve", rows.to(attn.W_K), attn.W_K)  # (Hkv, V, dk)
+        keys = keys.repeat_interleave(attn.group_size, dim=0)  # (H, V, dk)
+        out.append(torch.nn.functional.cosine_similarity(keys, r.to(keys)[:, None, :], dim=-1))
+    return torch.stack(out)  # (L, H, V)
+
+
+@torch.no_grad()
+def alignment_scores(model: GPT, idx: torch.Tensor, categories: torch.Tensor,
+                     token_categories: torch.Tensor) -> dict[str, float | None]:
+    """Two alignment summaries of a trained model, each a :func:`structure_score` (structural
+    categories minus noise) averaged over layers and heads:
+
+    * ``"in_context"``: of the centred log-factor of the whole query offset
+      (``reference="effective"``, gauge-invariant) on the tokens ``idx [B, T]`` with their
+      ``categories [B, T]`` (nats);
+    * ``"static"``: of the static-key cosine with ``E[b_Q]`` (:func:`static_key_cosines`), mean
+      over each category's vocabulary words (``token_categories [V]``); ``None`` for a model
+      without a query-breaking bias (it has no ``E[b_Q]``).
+    """
+    table = by_category(log_factors(model, idx, "effective"), categories)
+    scores = {"in_context": structure_score(table).mean().item(), "static": None}
+    if model.config.symmetry_breaking is not None:
+        cos = static_key_cosines(model).mean((0, 1))  # (V,)
+        words = by_category(cos[None, :], torch.as_tensor(token_categories)[None, :])
+        scores["static"] = structure_score(words).item()
+    return scores

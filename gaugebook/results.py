@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
            "seed_summary", "provenance_summary", "Table", "effects_table", "final_statistic",
-           "Decision", "decide", "decisions", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "Decision", "decide", "decisions", "Correlation", "rank_correlation", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -33,8 +33,10 @@ __all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values
 REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes",
             "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
             "provenance")
+# alignment: gaugebook.interpret.alignment_scores of the trained model ({"in_context",
+# "static"}), or None where it does not apply
 RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
-                          "trained_with")
+                          "trained_with", "alignment")
 HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
 # path length (ECD: steps x dt; None for other optimizers), distance |theta - theta_0| from the
 # initial weights, skipped steps so far
@@ -321,6 +323,53 @@ def decisions(runs: list[Run], *, baseline: str = "symmetric") -> list[Decision]
     """:func:`decide` for every (arm, broken symmetry) present in ``runs``, sorted."""
     pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != baseline})
     return [decide(runs, arm, symmetry, baseline=baseline) for arm, symmetry in pairs]
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Spearman's rank correlation ``rho`` of ``n`` pairs, the two-sided permutation p-value
+    ``p`` (the pairing permuted) and a percentile bootstrap interval ``(low, high)`` (pairs
+    resampled)."""
+
+    rho: float
+    p: float
+    interval: tuple
+    n: int
+
+    def sentence(self) -> str:
+        return (f"rho = {self.rho:+.2f} (permutation p = {self.p:.2g}, 95% bootstrap interval "
+                f"[{self.interval[0]:+.2f}, {self.interval[1]:+.2f}], n = {self.n})")
+
+
+def rank_correlation(x, y, *, resamples: int = 9999, seed: int = 0) -> Correlation:
+    """Spearman's ``rho`` between the paired samples ``x`` and ``y``, with the p-value of
+    :func:`scipy.stats.permutation_test` (``permutation_type="pairings"``: under the null the
+    pairing is arbitrary) and a 95% percentile bootstrap interval over ``resamples`` draws of
+    the pairs (draws in which one side is constant have no rho and are left out). ValueError for
+    fewer than 4 pairs or a constant sample."""
+    from scipy import stats
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 4:
+        raise ValueError(f"need two 1-D samples of equal length >= 4, got {x.shape}, {y.shape}")
+    for name, v in (("x", x), ("y", y)):
+        if np.ptp(v) == 0:
+            raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is undefined")
+
+    def rho(a, b, axis=-1):  # Spearman's rho along ``axis``: Pearson's r of the ranks
+        ra, rb = stats.rankdata(a, axis=axis), stats.rankdata(b, axis=axis)
+        ra, rb = ra - ra.mean(axis, keepdims=True), rb - rb.mean(axis, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (ra * rb).sum(axis) / np.sqrt((ra ** 2).sum(axis) * (rb ** 2).sum(axis))
+
+    observed = float(rho(x, y))
+    rng = np.random.default_rng(seed)
+    p = stats.permutation_test((x, y), rho, permutation_type="pairings", vectorized=True,
+                               n_resamples=resamples, random_state=rng).pvalue
+    draws = rng.integers(0, len(x), (resamples, len(x)))  # (resamples, n) indices of pairs
+    boot = rho(x[draws], y[draws])
+    low, high = np.nanpercentile(boot, [2.5, 97.5])
+    return Correlation(observed, float(p), (float(low), float(high)), len(x))
 
 
 def provenance_summary(runs: list[Run]) -> dict[str, list]:

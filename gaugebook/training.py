@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from gaugebook import mechanics
 from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
+from gaugebook.interpret import alignment_scores
 from gaugebook.optim import make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
 from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
@@ -581,6 +582,31 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
+ALIGNMENT_BATCHES = 4  # validation batches the end-of-run alignment scores are measured on
+
+
+def _alignment(model: GPT, member, cohort: _Cohort) -> dict | None:
+    """The trained ``model``'s :func:`~gaugebook.interpret.alignment_scores` on the first
+    validation batches of its corpus; ``None`` where they do not apply: keys that depend on the
+    position (RoPE), a corpus without token categories, or too few tokens of a category."""
+    cfg, tokenizer = cohort.cfg, member.corpus.tokenizer
+    vocabulary = getattr(tokenizer, "token_categories", None)
+    if model.config.rope or vocabulary is None:
+        return None
+    batches = [member.corpus.batch(i, cfg.batch_size, cfg.block_size, split="val",
+                                   device=cohort.device)
+               for i in range(min(cfg.eval_batches, ALIGNMENT_BATCHES))]
+    if batches[0].categories is None:
+        return None
+    idx = torch.cat([b.inputs for b in batches])  # (B, T)
+    categories = torch.cat([b.categories for b in batches])
+    try:
+        return alignment_scores(model, idx, categories,
+                                torch.as_tensor(np.asarray(vocabulary, dtype=np.int64)))
+    except ValueError:  # a structural or noise category absent from these batches
+        return None
+
+
 def _results(cohort: _Cohort, wall: float) -> list[dict]:
     """One result record per member (the schema :data:`gaugebook.results.RESULT_KEYS`)."""
     names = [m.cfg.name for m in cohort.members]
@@ -601,6 +627,7 @@ def _results(cohort: _Cohort, wall: float) -> list[dict]:
             "history": m.history,
             "final_val_loss": m.history["val_loss"][-1] if m.history["val_loss"] else None,
             "probes": probes,
+            "alignment": _alignment(model, m, cohort),
             "optimizer_state_bytes": state_bytes,
             "n_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "init_norm": _norm(t[r] if cohort.batched else t for t in cohort.init.values()),

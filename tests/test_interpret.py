@@ -7,8 +7,9 @@ import torch
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.data import Category
 from gaugebook.gpt import GPT, GPTConfig
-from gaugebook.interpret import attention_inputs, by_category, key_alignment, key_log_factor, \
-    layer_keys, log_factors, query_offset, reference_vectors, reweight, structure_score
+from gaugebook.interpret import alignment_scores, attention_inputs, by_category, \
+    key_alignment, key_log_factor, layer_keys, log_factors, query_offset, reference_vectors, \
+    reweight, static_key_cosines, structure_score
 from gaugebook.linalg import random_gl
 
 F64 = torch.float64
@@ -131,3 +132,38 @@ def test_by_category_and_structure_score():
         structure_score(table)
     with pytest.raises(ValueError, match="categories"):
         by_category(values, categories[:, :5])
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 1])
+def test_static_keys_are_embedding_rows_times_the_key_weights(n_kv_head):
+    model = gpt("bqv", n_kv_head=n_kv_head)
+    cos = static_key_cosines(model)  # (L, H, V)
+    assert cos.shape == (2, 2, V)
+    for layer, block in enumerate(model.blocks):
+        for head in range(2):
+            W_K = block.attn.W_K[head // block.attn.group_size]  # (D, dk)
+            key = model.wte.weight[5] @ W_K
+            expected = torch.dot(key, block.breaking.q_mean) / (key.norm()
+                                                                * block.breaking.q_mean.norm())
+            assert abs(cos[layer, head, 5] - expected) < 1e-12
+    positions = static_key_cosines(model, rows=model.wpe.weight)
+    assert positions.shape == (2, 2, T)
+    with pytest.raises(ValueError, match="no E\\[b_Q\\]"):
+        static_key_cosines(gpt(None))
+    u = torch.randn(4, dtype=F64)  # a fixed direction works for a symmetric model
+    assert static_key_cosines(gpt(None), u).shape == (2, 2, V)
+
+
+def test_alignment_scores_are_the_two_structure_scores():
+    model, idx = gpt("bq"), tokens(batch=6)
+    # every category of the scores present, in the batch and in the vocabulary
+    categories = torch.arange(idx.numel()).reshape(idx.shape) % len(Category)
+    vocabulary = torch.arange(V) % len(Category)
+    scores = alignment_scores(model, idx, categories, vocabulary)
+    in_context = structure_score(by_category(log_factors(model, idx), categories)).mean()
+    static = structure_score(by_category(static_key_cosines(model).mean((0, 1))[None],
+                                         vocabulary[None]))
+    assert scores == pytest.approx({"in_context": in_context.item(), "static": static.item()})
+    assert alignment_scores(gpt(None), idx, categories, vocabulary)["static"] is None
+    with pytest.raises(ValueError, match="no tokens of"):
+        alignment_scores(model, idx, torch.zeros_like(idx), vocabulary)

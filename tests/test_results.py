@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from gaugebook.experiment import RunConfig, train
@@ -227,3 +228,23 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
                                cut)), "ecd-pt", "bq")
     with pytest.raises(ValueError, match="last 5"):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
+
+
+def test_rank_correlation_with_permutation_p_and_bootstrap_interval():
+    from scipy import stats
+
+    from gaugebook.results import rank_correlation
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=30)
+    y = x + 0.5 * rng.normal(size=30)
+    c = rank_correlation(x, y, resamples=2000)
+    assert abs(c.rho - stats.spearmanr(x, y).statistic) < 1e-12
+    assert c.p < 0.01 and c.interval[0] < c.rho < c.interval[1] and c.interval[0] > 0
+    unrelated = rank_correlation(x, rng.normal(size=30), resamples=2000)
+    assert unrelated.p > 0.05 and unrelated.interval[0] < 0 < unrelated.interval[1]
+    assert "permutation p" in c.sentence()
+    with pytest.raises(ValueError, match="constant"):
+        rank_correlation(x, np.zeros(30))
+    with pytest.raises(ValueError, match=">= 4"):
+        rank_correlation(x[:3], y[:3])
