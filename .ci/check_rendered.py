@@ -22,9 +22,10 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   records whether exactly one frame is visible, whether it changed and whether it fits its
   column (the window is 1280 px wide). A figure that shows no frame, a control move after which
   the figure did not change, or a frame wider than the column fails the page;
-* widths: no shown code cell (folded ``hide-input`` cells aside) scrolls sideways in the 1280 px
-  window, measured in the page (the book's visible code is at most 88 columns and its style sheet
-  makes 88 columns fit); outputs wider than their box are counted and reported, not failed;
+* widths: no shown code cell (folded ``hide-input`` cells aside) and no output scrolls sideways
+  in the 1280 px window, measured in the page (the book's visible code and printed text are at
+  most 88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
+  table wider than its cell's output area;
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -148,9 +149,9 @@ RECORDER = """<script>(function () {
 })();</script>""" % ERRORS_ID
 WIDTHS_ID = "gb-widths"
 # Run on every page after load: which shown code cells (inputs; not the folded ones) and outputs
-# scroll sideways in the 1280 px window (wider than their box). Inputs fail the page (the book's
-# visible code is at most 88 columns, which the book's style sheet makes fit); outputs are counted
-# and reported.
+# (text, tables) scroll sideways in the 1280 px window (wider than their box); either fails the
+# page (the book's visible code and printed text are at most 88 columns, which the book's style
+# sheet makes fit).
 WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(function () {
   var scrolls = function (selector) {
     var out = [], blocks = document.querySelectorAll(selector);
@@ -164,10 +165,20 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
     }
     return out;
   };
+  var tables = function () {
+    var out = [], found = document.querySelectorAll("div.cell_output table");
+    for (var i = 0; i < found.length; i++) {
+      var t = found[i], box = t.closest("div.cell_output");
+      if (t.offsetParent !== null && t.getBoundingClientRect().width > box.clientWidth + 1) {
+        out.push("table: " + t.textContent.replace(/\s+/g, " ").trim().slice(0, 90));
+      }
+    }
+    return out;
+  };
   var pre = document.createElement("pre");
   pre.id = "%s";
   pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
-                                    outputs: scrolls("div.cell_output pre")});
+                                    outputs: scrolls("div.cell_output pre").concat(tables())});
   document.body.appendChild(pre);
 }, 700); });</script>""" % WIDTHS_ID
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
@@ -269,7 +280,6 @@ class Result:
     failures: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
     interactive: list[dict] = field(default_factory=list)
-    wide_outputs: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -404,7 +414,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
         widths = json.loads(html.unescape(match.group(1)))
         for line in widths["inputs"]:
             result.failures.append(f"a code cell scrolls sideways at 1280 px: {line!r}")
-        result.wide_outputs = widths["outputs"]
+        for line in widths["outputs"]:
+            result.failures.append(f"an output is wider than its column at 1280 px: {line!r}")
     else:
         result.failures.append("the width probe did not report")
     rendered_views = sum(rendered.subareas)
@@ -460,10 +471,6 @@ def main(argv=None) -> int:
                                  f"{c['moves'] - len(c['unchanged'])} changed)"
                                  for c in fig["controls"])
             print(f"  {r.page} {fig['id']}: {controls}")
-    wide = [(r.page, len(r.wide_outputs)) for r in results if r.wide_outputs]
-    if wide:
-        print(f"\noutputs wider than their column at 1280 px (reported, not failed): "
-              f"{sum(n for _, n in wide)} in " + ", ".join(f"{p} ({n})" for p, n in wide))
     failed = [r for r in results if r.failures]
     if failed or missing:
         print("\ncheck_rendered: FAILED", file=sys.stderr)
@@ -475,7 +482,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          f"interactive figures responding, no code cell scrolling sideways, no network, no "
+          f"interactive figures responding, no code cell or output wider than its column, no network, no "
           f"JavaScript error).")
     return 0
 
