@@ -355,35 +355,44 @@ def experiment_pipeline_diagram() -> Figure:
 
 def group_map_diagram() -> Figure:
     """One-page map of Part I: each factor of the symmetry group, the architecture that has
-    it, its dimension (or order, for a discrete factor) and the book's verdict on the source."""
+    it, its dimension (or order, for a discrete factor) and the book's verdict on the source
+    (confirmed, corrected, missing in the source, outside the group, open), with the chapters
+    that hold the evidence."""
     rows = [(r"QK: $M_i \in GL(d_k)$, $W_QM$, $W_KM^{-\top}$", "MHA", r"$h\,d_k^2$",
-             r"$M^{-\top}$ on $W_K$, not $M$ (ch. 2-3)"),
+             r"corrected: $W_KM^{-\top}$, not $W_KM$ (ch. 2-3)"),
             (r"VO: $N_i \in GL(d_v)$, $W_VN$, $N^{-1}W_O$", "MHA", r"$h\,d_v^2$",
              "confirmed (ch. 3-4)"),
             (r"head permutations $S_h$", "MHA", r"$h!$ elements",
-             "whole heads move (ch. 3, 10)"),
+             "confirmed; whole heads move\n(ch. 3, 10)"),
             (r"translations $b_K + t$, $b_V + t$", "biases", r"$h(d_k + d_v)$",
-             "not matrix actions (ch. 3)"),
+             "missing in the source (ch. 3)"),
             (r"RoPE commutant $\rho_i R(\varphi_i)$", "RoPE", r"$h\,d_k$ (QK)",
-             r"not $O(d_k)$ (ch. 5)"),
+             r"corrected: commutant, not $O(d_k)$ (ch. 5)"),
             (r"one $M_j$, $N_j$ per KV group", "GQA, MQA", r"$n_{kv}(d_k^2 + d_v^2)$",
-             r"relabellings $S_g \wr S_{n_{kv}}$ (ch. 7)"),
+             "corrected: one $M_j$ per KV group;\n"
+             r"$S_g \wr S_{n_{kv}}$ (ch. 7)"),
             (r"experts with router columns", "MoE", r"$E!$ elements",
-             "router must move too (ch. 8)"),
+             "corrected: router columns\nmove too (ch. 8)"),
             (r"LayerNorm gains, centring, ...", "GPT block", "term by term",
-             "whole model counted (ch. 6)")]
-    fig = Figure(figsize=(6.4, 4.0))
+             "corrected: with readers, not\n"
+             r"$\gamma, \beta$ alone (ch. 6)"),
+            ("residual-feature and\nMLP-unit permutations", "GPT",
+             "$D!\\,((4D)!)^L$\nelements",
+             "outside $\\mathcal{G}_{\\max}$; used to\nalign models (ch. 9)"),
+            ("completeness (maximality)", "MHA", "-", "open; checked locally (ch. 4, 10)")]
+    row_in, width = 0.42, 6.4  # inches per row, figure width
+    fig = Figure(figsize=(width, row_in * (len(rows) + 1)))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.axis("off")
-    cols = (0.015, 0.40, 0.53, 0.695)
-    for x, text in zip(cols, ("factor", "model", "dimension", "verdict")):
-        ax.text(x, 0.95, text, fontsize=9, weight="bold", va="center")
-    for r, row in enumerate(rows):
-        y = 0.85 - r * 0.112
-        ax.add_patch(FancyBboxPatch((0.005, y - 0.048), 0.99, 0.096, boxstyle="square,pad=0",
-                                    fc=_tint(PALETTE[r % 6], 0.12), ec="none"))
+    ax.set(xlim=(0, 1), ylim=(len(rows) + 0.5, -0.5))  # one unit per row, the header at 0
+    cols = (0.015, 0.31, 0.46, 0.62)
+    for x, text in zip(cols, ("factor", "architecture", "dimension", "verdict")):
+        ax.text(x, 0, text, fontsize=9, weight="bold", va="center")
+    for r, row in enumerate(rows, start=1):
+        ax.add_patch(FancyBboxPatch((0.005, r - 0.45), 0.99, 0.9, boxstyle="square,pad=0",
+                                    fc=_tint(PALETTE[(r - 1) % 6], 0.12), ec="none"))
         for x, text in zip(cols, row):
-            ax.text(x, y, text, fontsize=8, va="center")
+            ax.text(x, r, text, fontsize=8, va="center", linespacing=1.1)
     return fig
 
 

@@ -40,7 +40,10 @@ class GPTConfig:
     ``n_kv_head`` (default ``n_head``) gives grouped-query attention; ``symmetry_breaking`` is
     ``None``, ``"bq"`` (unlearned query bias) or ``"bqv"`` (query and value biases, the value
     bias with mean ``mu_v``); ``prelu_init`` is ``"constant"`` (every slope 0.25) or
-    ``"paper"`` (one slope per hidden unit from N(0.2, 1.0^2)). Frozen: a changed copy is
+    ``"paper"`` (one slope per hidden unit from N(0.2, 1.0^2)); ``layer_norm_eps >= 0`` is the
+    ``epsilon`` of every LayerNorm, ``(x - mean) / sqrt(var + epsilon)`` (GPT-2 and PyTorch:
+    ``1e-5``; ``0`` makes the residual-stream scaling of
+    :class:`~gaugebook.gpt_gauge.StreamScaling` exact). Frozen: a changed copy is
     ``dataclasses.replace(config, ...)``, validated again.
     """
 
@@ -57,6 +60,7 @@ class GPTConfig:
     symmetry_breaking: str | None = None
     mu_v: float = 0.0
     prelu_init: str = "constant"
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self):
         sizes = dict(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
@@ -87,6 +91,10 @@ class GPTConfig:
             raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
         if self.prelu_init not in PRELU_INITS:
             raise ValueError(f"prelu_init must be one of {PRELU_INITS}, got {self.prelu_init!r}")
+        eps = self.layer_norm_eps
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < math.inf:
+            raise ValueError(f"layer_norm_eps must be a finite number >= 0 (LayerNorm divides by "
+                             f"sqrt(var + eps)), got {eps!r}")
         if self.mu_v != 0.0 and self.symmetry_breaking != "bqv":
             raise ValueError(f"mu_v={self.mu_v} is the mean of the value bias, which only "
                              f"symmetry_breaking='bqv' adds (got {self.symmetry_breaking!r})")
@@ -149,12 +157,12 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         D, dk = config.n_embd, config.head_size
-        self.ln_1 = nn.LayerNorm(D, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(D, eps=config.layer_norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(D, config.n_head, dk, n_kv_heads=config.n_kv_head,
                                        bias=config.bias, rope=config.rope)
         self.breaking = (None if config.symmetry_breaking is None else
                          SymmetryBreakingBias(dk, dk, config.symmetry_breaking, mu_v=config.mu_v))
-        self.ln_2 = nn.LayerNorm(D, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(D, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, draw=None) -> torch.Tensor:
@@ -180,7 +188,7 @@ class GPT(nn.Module):
         # with RoPE, positions enter through the rotation of queries and keys
         self.wpe = None if config.rope else nn.Embedding(config.block_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: logits are scores against the embeddings
         self.reset_parameters()
@@ -333,14 +341,15 @@ class GPT(nn.Module):
             hf_model = _load_gpt2(hf_model)
         hc = hf_model.config
         expected = dict(activation_function=("gelu_new", "gelu_pytorch_tanh"),
-                        n_inner=(None, 4 * hc.n_embd), layer_norm_epsilon=(1e-5,),
+                        n_inner=(None, 4 * hc.n_embd),
                         scale_attn_weights=(True,), scale_attn_by_inverse_layer_idx=(False,),
                         add_cross_attention=(False,), tie_word_embeddings=(True,))
         wrong = [f"{k}={getattr(hc, k)!r} (supported: {v})" for k, v in expected.items()
                  if getattr(hc, k) not in v]
         if wrong:
             raise ValueError("cannot convert this GPT-2: " + "; ".join(wrong))
-        config = GPTConfig(hc.vocab_size, hc.n_positions, hc.n_layer, hc.n_head, hc.n_embd)
+        config = GPTConfig(hc.vocab_size, hc.n_positions, hc.n_layer, hc.n_head, hc.n_embd,
+                           layer_norm_eps=hc.layer_norm_epsilon)
         dtype = hf_model.transformer.wte.weight.dtype
         model = cls(config).to(dtype)
         H, D = config.n_head, config.n_embd

@@ -22,6 +22,10 @@ homogeneous) and :class:`HiddenPermutation`. Per model (target: the :class:`~gau
 ``wpe[t] -> wpe[t] + c_t 1`` and :class:`EmbeddingShift` ``wte -> wte + 1 w^T``,
 ``wpe -> wpe - 1 w^T`` (the logits all move by ``w . h``, which log-softmax removes).
 :mod:`gaugebook.gpt_redundancy` counts and differentiates them.
+
+One more factor of a GPT is a symmetry only when every LayerNorm has ``eps = 0``
+(:attr:`gaugebook.gpt.GPTConfig.layer_norm_eps`), a *near-symmetry* otherwise, and is not
+counted: :class:`StreamScaling`, everything that writes to the residual stream times ``s``.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from gaugebook.linalg import DTYPE
 
 __all__ = ["LayerNormScale", "LayerNormShift", "ReaderCentring", "ResidualCentring",
            "HiddenRescaling", "HiddenPermutation", "ResidualPermutation", "PositionCentring",
-           "EmbeddingShift", "LAYERNORMS", "residual_axes"]
+           "EmbeddingShift", "StreamScaling", "LAYERNORMS", "residual_axes"]
 
 LAYERNORMS = ("ln_1", "ln_2")
 
@@ -136,8 +140,8 @@ class LayerNormShift(TranslationFactor):
 class ReaderCentring(TranslationFactor):
     """Column ``j`` of the readers of ``which`` plus ``u_j / gamma``, its bias minus
     ``(beta . 1/gamma) u_j``; ``u`` runs over the columns of every reader that can take it
-    (all of them without a LayerNorm bias, else those with a bias), in order, each flattened row-major (``[n, c]`` for per-head
-    weights)."""
+    (all of them without a LayerNorm bias, else those with a bias), in order, each flattened
+    row-major (``[n, c]`` for per-head weights)."""
 
     u: torch.Tensor  # [columns]
     which: str = "ln_1"
@@ -335,3 +339,40 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
         ``w = 1`` (RoPE)."""
         D = model.config.n_embd
         return torch.ones(1, D, dtype=DTYPE) if model.wpe is None else unit_basis((D,))
+
+
+def _stream_writers(model: GPT) -> list[str]:
+    """Names of the parameters that write to the residual stream: the embeddings and every
+    block's writers (``_writers``)."""
+    names = ["wte.weight"] + (["wpe.weight"] if model.wpe is not None else [])
+    return names + [f"blocks.{i}.{name}" for i, block in enumerate(model.blocks)
+                    for name, _ in _writers(block)]
+
+
+@dataclass(frozen=True, eq=False)
+class StreamScaling(ScalingFactor):
+    r"""The residual-stream scaling, ``s > 0`` (shape ``[1]``): every writer to the stream
+    (``wte``, ``wpe``, and in every block ``W_O``, ``b_O``, the MLP's ``c_proj`` weight and bias)
+    times ``s``, ``ln_f``'s gain and bias over ``s``.
+
+    Exact only when every LayerNorm has ``eps = 0``. With ``v = var(x)`` of a non-constant row
+    ``x [D]``, ``n_eps(x) = (x - mean(x)) / sqrt(v + eps)`` gives ``n_0(s x) = n_0(x)``: the
+    stream is ``s x`` after every block, each block reads it unchanged and writes ``s`` times
+    its update, and the tied logits ``(gamma_f n + beta_f)(s W_E)^T`` lose ``s`` to
+    ``gamma_f / s``, ``beta_f / s``. For ``eps > 0``,
+    ``d/ds n_eps(s x)|_{s=1} = eps / (v + eps) n_eps(x)``: the output changes at first order by
+    a sum of such terms, one per LayerNorm and position (chapter 6, near-symmetries)."""
+
+    s: torch.Tensor  # [1]
+    acts_on: ClassVar = GPT
+
+    @classmethod
+    def shape(cls, model):
+        return (1,)
+
+    def transform(self, params, model):
+        s = self.s.to(params["wte.weight"])
+        out = {name: params[name] * s for name in _stream_writers(model)}
+        out.update({name: params[name] / s for name in ("ln_f.weight", "ln_f.bias")
+                    if name in params})
+        return out

@@ -48,6 +48,7 @@ MLP rescaling (PReLU), hidden-unit permutation             ``gpt_gauge.HiddenRes
                                                            ``HiddenPermutation``
 embedding shift, position centring                         ``gpt_gauge.EmbeddingShift``,
                                                            ``PositionCentring``
+residual-stream scaling (exact only at LayerNorm eps = 0)  ``gpt_gauge.StreamScaling``
 MoE router shift, expert permutation, ReLU rescaling,      ``moe.RouterShift``,
 hidden-unit permutation                                    ``ExpertPermutation``,
                                                            ``ExpertRescaling``,
@@ -73,7 +74,8 @@ from gaugebook.linalg import DTYPE, check_invertible, check_permutation
 
 __all__ = ["Factor", "ContinuousFactor", "MatrixFactor", "TranslationFactor", "ScalingFactor",
            "PermutationFactor", "GaugeElement", "identity", "tangent_map",
-           "momentum_map", "project", "gl_basis", "rope_commutant_basis", "unit_basis",
+           "momentum_map", "project", "gl_basis", "rope_commutant_basis",
+           "rope_plane_breaking_basis", "unit_basis",
            "factor_redundancy", "attention_terms", "float64_parameters"]
 
 
@@ -434,6 +436,30 @@ def rope_commutant_basis(d_head: int, rotary_dim: int, gated: bool = False) -> t
         E[i, j] = 1.0
         basis.append(E)
     return torch.stack(basis) if basis else torch.zeros(0, d_head, d_head, dtype=DTYPE)
+
+
+def rope_plane_breaking_basis(d_head: int, rotary_dim: int, plane: int) -> torch.Tensor:
+    r"""``[2, d_head, d_head]``: the part of ``gl(2)`` on RoPE plane ``(i, i + r/2)``
+    (``i = plane``, ``r = rotary_dim``) that the commutant lacks, the traceless symmetric
+    generators ``E_ii - E_jj`` and ``E_ij + E_ji`` (``j = i + r/2``).
+
+    With the plane's rotation ``R(alpha) = cos(alpha) I + sin(alpha) J`` (``J`` antisymmetric,
+    :func:`gaugebook.rope.rotation_matrix`) each such ``X`` anticommutes with ``J``, so
+    ``X R - R X = 2 sin(alpha) X J`` and ``||X R - R X||_F = 2 sqrt(2) |sin(alpha)|``: a
+    symmetry of a plane that does not turn, a near-symmetry of one that turns little over the
+    context (chapter 6). With :func:`rope_commutant_basis`'s ``S_i`` and ``J_i`` they span all
+    ``X`` supported on the plane."""
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d_head:
+        raise ValueError(f"rotary_dim must be a positive even number <= d_head={d_head}, got "
+                         f"{rotary_dim}")
+    half = rotary_dim // 2
+    if not 0 <= plane < half:
+        raise ValueError(f"plane must be in [0, {half}) for rotary_dim={rotary_dim}, got {plane}")
+    i, j = plane, plane + half
+    X = torch.zeros(2, d_head, d_head, dtype=DTYPE)
+    X[0, i, i], X[0, j, j] = 1.0, -1.0
+    X[1, i, j] = X[1, j, i] = 1.0
+    return X
 
 
 # ----------------------------------------------------------------------------- dimensions

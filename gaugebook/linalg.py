@@ -1,5 +1,6 @@
 """Random matrices with a prescribed condition number, checks of group elements (invertible
-matrices, permutations), numerical rank."""
+matrices, permutations), numerical rank, and the comparison of subspaces (principal angles,
+orthogonal complements)."""
 from __future__ import annotations
 
 import math
@@ -61,6 +62,41 @@ def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None) -> tuple[i
     rank = int((s > tolerance).sum())
     gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
     return rank, tolerance, gap
+
+
+def _orthonormal_columns(A: torch.Tensor) -> torch.Tensor:
+    """``[n, rank]``: an orthonormal basis of the column span of ``A [n, p]`` (left singular
+    vectors above :func:`numerical_rank`'s tolerance, so rank-deficient ``A`` is fine)."""
+    A = torch.as_tensor(A).to(DTYPE)
+    if A.ndim != 2:
+        raise ValueError(f"expected a matrix [n, p] of column vectors, got shape {tuple(A.shape)}")
+    if A.shape[1] == 0:
+        return A
+    U, s, _ = torch.linalg.svd(A, full_matrices=False)
+    return U[:, :numerical_rank(s, A.shape)[0]]
+
+
+def principal_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """Cosines of the principal angles between the column spans of ``A [n, p]`` and
+    ``B [n, q]``, descending: ``sigma(U^T V)`` for orthonormal bases ``U``, ``V`` of the spans
+    (chapter 2's definition), ``min(rank A, rank B)`` of them, float64. All are 1 exactly when
+    the smaller span lies in the larger."""
+    U, V = _orthonormal_columns(A), _orthonormal_columns(B)
+    if U.shape[0] != V.shape[0]:
+        raise ValueError(f"A and B must have the same number of rows, got {U.shape[0]} and "
+                         f"{V.shape[0]}")
+    return torch.linalg.svdvals(U.T @ V).clamp(max=1.0)
+
+
+def remove_components(V: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """``V [n]`` or ``[n, k]`` minus its orthogonal projection onto the column span of
+    ``basis [n, m]`` (any basis, not necessarily orthonormal): ``V - Q Q^T V`` with ``Q`` an
+    orthonormal basis of the span. Float64."""
+    Q = _orthonormal_columns(basis)
+    V = torch.as_tensor(V).to(DTYPE)
+    if V.shape[0] != Q.shape[0]:
+        raise ValueError(f"V has {V.shape[0]} rows, basis {Q.shape[0]}")
+    return V - Q @ (Q.T @ V)
 
 
 def check_invertible(matrices: torch.Tensor, name: str) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_number
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
 from gaugebook.plots import PALETTE
@@ -77,15 +78,19 @@ def invariance_errors(module: torch.nn.Module, inputs: torch.Tensor, conds, *,
 
 
 def condition_figure(conds, errors: dict[str, torch.Tensor], *,
-                     constants: dict[str, float] | None = None) -> Figure:
+                     constants: dict[str, float] | None = None,
+                     output_scale: float = 1.0) -> Figure:
     """Log-log plot of relative invariance error against condition number (static fallback of
     :class:`ConditionExplorer`).
 
     ``errors`` maps a dtype name to a ``[n_seeds, len(conds)]`` array from
     :func:`invariance_errors`: the median is drawn as markers, the spread over seeds as a band.
-    For each dtype a dashed line ``C c eps`` is drawn (``C`` from ``constants``, default 1), and a
-    dotted line marks the source's absolute bound ``24 eps`` of float64.
+    For each dtype a dashed line ``C c eps`` is drawn (``C`` from ``constants``, default 1). The
+    source's bound ``24 eps`` (float64) is absolute; ``output_scale = max|f(theta, x)|`` turns
+    it into the relative error ``24 eps / output_scale``, drawn dotted: a point lies above the
+    line exactly when its absolute error exceeds ``24 eps``.
     """
+    output_scale = check_number("output_scale", output_scale, low=0.0, strict=True)
     conds = torch.as_tensor(conds, dtype=torch.float64)
     constants = constants or {}
     fig = Figure(layout="constrained")  # not registered with pyplot: shown only when displayed
@@ -101,8 +106,8 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
         C = constants.get(name, 1.0)
         ax.plot(conds, C * conds * _eps(name), "--", color=colour,
                 label=f"{C:.2g} c eps, eps = {_eps(name):.1e}")
-    ax.axhline(SOURCE_BOUND * _eps("float64"), color="black", linestyle=":",
-               label="source: 24 eps (float64)")
+    ax.axhline(SOURCE_BOUND * _eps("float64") / output_scale, color="black", linestyle=":",
+               label="source: 24 eps / max|Attn| (float64)")
     ax.set(xscale="log", yscale="log", xlabel="condition number c of the gauge matrices",
            ylabel="relative invariance error")
     ax.legend(fontsize=8, loc="upper left")
@@ -112,10 +117,12 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
 class ConditionExplorer(StaticTwin, widgets.VBox):
     """Slider for the condition number ``c`` (log scale, ``10^0 .. 10^log10_max``) and a dropdown
     for the floating-point type; the readout shows the relative invariance error of random gauge
-    elements (``seeds`` of them) at that ``c`` and compares it with ``c eps`` and with the
-    source's ``24 eps``.
+    elements (``seeds`` of them) at that ``c`` and compares it with ``c eps``, and the absolute
+    error (relative error times ``output_scale = max |f(theta, x)|``) with the source's
+    ``24 eps``.
 
-    Attributes ``cond`` (``FloatLogSlider``), ``dtype`` (``Dropdown``) and ``readout`` (``HTML``).
+    Attributes ``cond`` (``FloatLogSlider``), ``dtype`` (``Dropdown``), ``readout`` (``HTML``)
+    and ``output_scale``.
     """
 
     def __init__(self, module: torch.nn.Module | None = None, inputs: torch.Tensor | None = None,
@@ -129,6 +136,9 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
             raise ValueError(f"cond must be in [1, 1e{log10_max:g}], got {cond}")
         _dtype(dtype)
         self.module, self.inputs = probe_layer() if module is None else (module, inputs)
+        with torch.no_grad():
+            out = self.module(self.inputs)
+        self.output_scale = (out[0] if isinstance(out, tuple) else out).abs().max().item()
         self.seeds = range(seeds)
         self._cache: dict[tuple[float, str], torch.Tensor] = {}
         self.cond = widgets.FloatLogSlider(value=cond, base=10, min=0, max=log10_max, step=0.25,
@@ -168,13 +178,14 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
     def readout_html(self, c: float, name: str) -> str:
         """The readout at condition number ``c`` and dtype ``name``."""
         err, eps = self.errors(c, name).max().item(), _eps(name)
-        source = SOURCE_BOUND * _eps("float64")
-        verdict = "holds" if err <= source else "is violated"
+        source, absolute = SOURCE_BOUND * _eps("float64"), err * self.output_scale
+        verdict = "holds" if absolute <= source else "is violated"
         return (
             f"<b>c = {c:.1e}, {name}</b>: largest relative invariance error over "
             f"{len(self.seeds)} random gauge elements = <b>{err:.2e}</b> "
             f"= {err / (c * eps):.2f} &middot; c &middot; eps (eps = {eps:.2e}).<br>"
-            f"The source's bound 24 eps<sub>float64</sub> = {source:.1e} {verdict} here.")
+            f"Absolute error {absolute:.1e} (max |output| = {self.output_scale:.2f}): the "
+            f"source's bound 24 eps<sub>float64</sub> = {source:.1e} {verdict} here.")
 
 
 def _random_direction(module: MultiHeadAttention, seed: int):

@@ -4,6 +4,7 @@ import inspect
 
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gaugebook import diagrams
@@ -24,7 +25,8 @@ EXPECTED = {
     "quotient_diagram": [r"$\mathcal{F}$", r"\Theta/\mathcal{G}"],
     "connections_diagram": ["NTK", "information bottleneck"],
     "experiment_pipeline_diagram": ["float64 and float32"],
-    "group_map_diagram": ["verdict", r"not $O(d_k)$ (ch. 5)"],
+    "group_map_diagram": ["architecture", "verdict", r"corrected: commutant, not $O(d_k)$",
+                          "MLP-unit permutations", "open; checked locally (ch. 4, 10)"],
     "noether_charge_diagram": [r"$p$", "rotations only"],
     "ecd_level_set_diagram": [r"$-\nabla F$", r"$v$, $|v| = 1$"],
     "protocol_block_diagram": ["no bias", r"$q_h$", r"$v_h$"],
@@ -64,3 +66,18 @@ def test_terms_diagram_shows_only_nonzero_terms():
     fig = diagrams.redundancy_terms_diagram({"a": 3, "b": 0, "c": 5}, "toy")
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["a", "c"] and "toy: 8 in all" in texts(fig)
+
+
+def test_group_map_cells_stay_in_their_columns():
+    fig = diagrams.group_map_diagram()
+    FigureCanvasAgg(fig).draw()
+    texts = fig.axes[0].texts
+    starts = sorted({t.get_position()[0] for t in texts})
+    assert len(starts) == 4 and len(texts) == 4 * 11  # header and ten rows
+    for t in texts:
+        box = t.get_window_extent().transformed(fig.transFigure.inverted())
+        end = next((x for x in starts if x > t.get_position()[0]), 1.0)
+        assert box.x1 < end - 0.005 and 0 < box.y0 < box.y1 < 1, t.get_text()
+    verdicts = [t.get_text() for t in texts if t.get_position()[0] == starts[-1]][1:]
+    kinds = ("confirmed", "corrected:", "missing in the source", "outside", "open;")
+    assert all(v.startswith(kinds) and "(ch. " in v for v in verdicts)  # one form for all

@@ -1,8 +1,11 @@
 import math
 
+import numpy as np
+import pytest
+import scipy.linalg
 import torch
 
-from gaugebook.linalg import numerical_rank, random_gl
+from gaugebook.linalg import numerical_rank, principal_cosines, random_gl, remove_components
 
 F64 = torch.float64
 
@@ -23,3 +26,40 @@ def test_one_by_one_elements_take_both_signs():
     g = torch.Generator().manual_seed(0)
     signs = {random_gl(1, 1.0, generator=g).sign().item() for _ in range(20)}
     assert signs == {-1.0, 1.0}
+
+
+def test_principal_cosines_match_scipy_and_ignore_the_basis():
+    g = torch.Generator().manual_seed(1)
+    A, B = torch.randn(9, 3, generator=g, dtype=F64), torch.randn(9, 4, generator=g, dtype=F64)
+    cos = principal_cosines(A, B)
+    expected = np.cos(scipy.linalg.subspace_angles(A.numpy(), B.numpy()))
+    assert cos.shape == (3,) and (cos[:-1] >= cos[1:]).all()  # descending
+    assert np.allclose(cos.numpy(), np.sort(expected)[::-1], atol=1e-12)
+    # another (rank-deficient) spanning set of the same span: all cosines 1
+    same = torch.cat([A @ random_gl(3, 10.0, generator=g), A[:, :1]], dim=1)
+    assert torch.allclose(principal_cosines(A, same), torch.ones(3, dtype=F64), atol=1e-12)
+
+
+def test_principal_cosines_of_a_known_angle_and_of_orthogonal_spans():
+    t = 0.3
+    e = torch.eye(3, dtype=F64)
+    line = (math.cos(t) * e[:, 0] + math.sin(t) * e[:, 1])[:, None]
+    assert math.isclose(principal_cosines(e[:, :1], line).item(), math.cos(t), rel_tol=1e-14)
+    assert principal_cosines(e[:, :2], e[:, 2:]).abs().max() < 1e-15
+    with pytest.raises(ValueError, match="same number of rows"):
+        principal_cosines(e, torch.ones(4, 1, dtype=F64))
+
+
+def test_remove_components_leaves_the_orthogonal_part():
+    g = torch.Generator().manual_seed(2)
+    basis = torch.randn(8, 3, generator=g, dtype=F64)  # not orthonormal
+    V = torch.randn(8, 5, generator=g, dtype=F64)
+    R = remove_components(V, basis)
+    assert (basis.T @ R).abs().max() < 1e-13 * V.norm()  # orthogonal to the span
+    assert torch.allclose(remove_components(R, basis), R, atol=1e-14)  # a projection
+    assert remove_components(basis @ torch.randn(3, 2, generator=g, dtype=F64),
+                             basis).abs().max() < 1e-13  # the span itself is removed
+    assert torch.allclose(remove_components(V[:, 0], basis), R[:, 0], atol=1e-14)  # a vector
+    assert torch.equal(remove_components(V, torch.zeros(8, 0, dtype=F64)), V)
+    with pytest.raises(ValueError, match="rows"):
+        remove_components(V, torch.ones(7, 1, dtype=F64))

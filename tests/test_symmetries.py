@@ -16,7 +16,7 @@ from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTran
 from gaugebook.gpt import GPT, GPTConfig
 from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescaling,
                                  LayerNormScale, LayerNormShift, PositionCentring, ReaderCentring,
-                                 ResidualCentring, ResidualPermutation)
+                                 ResidualCentring, ResidualPermutation, StreamScaling)
 from gaugebook.gpt_redundancy import LogProbabilities, make_generic_
 from gaugebook.lie import tangent_map
 from gaugebook.moe import (MoE, ExpertHiddenPermutation, ExpertPermutation, ExpertRescaling,
@@ -154,6 +154,8 @@ CASES = {
     "embedding-shift": Case(gpt, gpt_input, EmbeddingShift, compose=_sum, function=log_probs),
     "embedding-shift-rope": Case(lambda d: gpt(d, n_embd=8, rope=True), gpt_input, EmbeddingShift,
                                  compose=_sum, function=log_probs),
+    "stream-scaling": Case(lambda d: gpt(d, layer_norm_eps=0.0), gpt_input, StreamScaling,
+                           compose=_product, function=log_probs),  # exact only at eps = 0
     "router-shift": Case(moe, moe_input, RouterShift, compose=_sum, function=output),
     "expert-rescaling": Case(moe, moe_input, ExpertRescaling, compose=_product,
                              function=output),

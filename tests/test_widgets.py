@@ -1,4 +1,5 @@
 """The book's ipywidgets explorers: headless construction, callbacks, static fallbacks."""
+import copy
 import re
 
 import pytest
@@ -80,6 +81,39 @@ def test_condition_figure_is_a_figure(small):
     assert ax.get_xlabel() and ax.get_ylabel()
     with pytest.raises(ValueError, match="shape"):
         condition_figure(conds, {"float64": errors["float64"][:, :2]})
+
+
+def _source_line(fig):
+    """The dotted line of the source's bound: its height and its legend label."""
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == ":")
+    return line.get_ydata()[0], line.get_label()
+
+
+def test_condition_figure_draws_the_absolute_bound_on_the_relative_axis(small):
+    conds = [1.0, 10.0]
+    errors = {"float64": invariance_errors(*small, conds, seeds=range(1))}
+    bound = 24 * torch.finfo(torch.float64).eps
+    assert _source_line(condition_figure(conds, errors))[0] == pytest.approx(bound)
+    height, label = _source_line(condition_figure(conds, errors, output_scale=4.0))
+    assert height == pytest.approx(bound / 4.0)  # relative error = absolute / max|Attn|
+    assert label == "source: 24 eps / max|Attn| (float64)"
+    with pytest.raises(ValueError, match="output_scale"):
+        condition_figure(conds, errors, output_scale=0.0)
+
+
+def test_condition_explorer_judges_the_bound_on_the_absolute_error(small):
+    layer, x = small
+    loud = copy.deepcopy(layer)
+    with torch.no_grad():  # a power of two: the relative error stays exactly the same
+        loud.W_O.mul_(2.0**20)
+        loud.b_O.mul_(2.0**20)
+    quiet = ConditionExplorer(layer, x, seeds=1, cond=1.0, dtype="float64")
+    scaled = ConditionExplorer(loud, x, seeds=1, cond=1.0, dtype="float64")
+    assert scaled.output_scale == 2.0**20 * quiet.output_scale
+    with torch.no_grad():
+        assert quiet.output_scale == layer(x).abs().max().item()
+    assert _error_in(scaled.readout.value) == _error_in(quiet.readout.value)
+    assert "holds here" in quiet.readout.value and "is violated here" in scaled.readout.value
 
 
 def test_orbit_path_moves_weights_not_outputs(small):
