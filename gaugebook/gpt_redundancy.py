@@ -141,7 +141,8 @@ def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[st
 
     ``output="log_probs"`` counts for :class:`LogProbabilities`, ``"logits"`` for the GPT itself.
     Keys are those of ``TERMS``; the values add up to
-    :func:`~gaugebook.redundancy.predicted_redundancy`.
+    :func:`~gaugebook.redundancy.predicted_redundancy`. The LayerNorms need ``eps > 0`` (the
+    default): at ``eps = 0`` the stream scaling is exact too (chapter 6, near-symmetries).
     """
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -150,6 +151,9 @@ def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[st
     if config.vocab_size <= config.n_embd:
         raise ValueError(f"the count assumes vocab_size > n_embd (got {config.vocab_size} <= "
                          f"{config.n_embd}): otherwise the embedding has a null space of its own")
+    if config.layer_norm_eps == 0:
+        raise ValueError("the count assumes layer_norm_eps > 0: at eps = 0 the residual-stream "
+                         "scaling (gaugebook.gpt_gauge.StreamScaling) is one more exact direction")
     per_layer = block_terms(d_model=config.n_embd, n_head=config.n_head,
                             n_kv_head=config.kv_heads, bias=config.bias,
                             activation=config.activation, rope=config.rope,

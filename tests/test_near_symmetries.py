@@ -131,3 +131,11 @@ def test_plane_breaking_basis_validates():
         rope_plane_breaking_basis(6, 3, 0)
     with pytest.raises(ValueError, match="plane"):
         rope_plane_breaking_basis(6, 4, 2)
+
+
+def test_the_term_count_refuses_layer_norm_eps_zero():
+    from gaugebook.gpt_redundancy import redundancy_terms
+
+    with pytest.raises(ValueError, match="StreamScaling"):
+        redundancy_terms(GPTConfig(20, 6, 1, 2, 8, layer_norm_eps=0.0))
+    assert sum(redundancy_terms(GPTConfig(20, 6, 1, 2, 8)).values()) > 0
