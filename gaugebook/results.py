@@ -327,49 +327,82 @@ def decisions(runs: list[Run], *, baseline: str = "symmetric") -> list[Decision]
 
 @dataclass(frozen=True)
 class Correlation:
-    """Spearman's rank correlation ``rho`` of ``n`` pairs, the two-sided permutation p-value
-    ``p`` (the pairing permuted) and a percentile bootstrap interval ``(low, high)`` (pairs
-    resampled)."""
+    """Spearman's rank correlation ``rho`` of ``n`` pairs (within ``strata`` groups, their
+    size-weighted mean), the two-sided permutation p-value ``p`` (the pairing permuted, within
+    each group) and a percentile bootstrap interval ``(low, high)`` (pairs resampled, within
+    each group)."""
 
     rho: float
     p: float
     interval: tuple
     n: int
+    strata: int = 1
 
     def sentence(self) -> str:
+        within = f", within {self.strata} groups" if self.strata > 1 else ""
         return (f"rho = {self.rho:+.2f} (permutation p = {self.p:.2g}, 95% bootstrap interval "
-                f"[{self.interval[0]:+.2f}, {self.interval[1]:+.2f}], n = {self.n})")
+                f"[{self.interval[0]:+.2f}, {self.interval[1]:+.2f}], n = {self.n}{within})")
 
 
-def rank_correlation(x, y, *, resamples: int = 9999, seed: int = 0) -> Correlation:
-    """Spearman's ``rho`` between the paired samples ``x`` and ``y``, with the p-value of
-    ``scipy.stats.permutation_test`` (``permutation_type="pairings"``: under the null the
-    pairing is arbitrary) and a 95% percentile bootstrap interval over ``resamples`` draws of
-    the pairs (draws in which one side is constant have no rho and are left out). ValueError for
-    fewer than 4 pairs or a constant sample."""
+def _spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's rho along the last axis (Pearson's r of the ranks); NaN where a side is
+    constant."""
     from scipy import stats
 
+    ra, rb = stats.rankdata(a, axis=-1), stats.rankdata(b, axis=-1)
+    ra, rb = ra - ra.mean(-1, keepdims=True), rb - rb.mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (ra * rb).sum(-1) / np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
+
+
+def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0) -> Correlation:
+    """Spearman's ``rho`` between the paired samples ``x`` and ``y`` [n], with a two-sided
+    permutation p-value (under the null the pairing is arbitrary: ``y`` is shuffled
+    ``resamples`` times) and a 95% percentile bootstrap interval over ``resamples`` draws of the
+    pairs (draws in which a side is constant have no rho and are left out).
+
+    ``strata`` [n] (e.g. each run's optimizer arm) asks whether ``x`` predicts ``y`` *within*
+    groups: rho is the size-weighted mean of the groups' rhos (groups of fewer than 3 pairs, or
+    constant in ``x`` or ``y``, are left out), and both the permutations and the bootstrap act
+    within each group, so that differences between groups cannot make a correlation. ValueError
+    for fewer than 4 pairs, or no group with a rho."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1 or len(x) < 4:
         raise ValueError(f"need two 1-D samples of equal length >= 4, got {x.shape}, {y.shape}")
-    for name, v in (("x", x), ("y", y)):
-        if np.ptp(v) == 0:
-            raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is undefined")
-
-    def rho(a, b, axis=-1):  # Spearman's rho along ``axis``: Pearson's r of the ranks
-        ra, rb = stats.rankdata(a, axis=axis), stats.rankdata(b, axis=axis)
-        ra, rb = ra - ra.mean(axis, keepdims=True), rb - rb.mean(axis, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (ra * rb).sum(axis) / np.sqrt((ra ** 2).sum(axis) * (rb ** 2).sum(axis))
-
-    observed = float(rho(x, y))
+    labels = np.zeros(len(x), dtype=int) if strata is None else np.unique(
+        np.asarray(strata, dtype=object).astype(str), return_inverse=True)[1]
+    if len(labels) != len(x):
+        raise ValueError(f"strata has {len(labels)} entries for {len(x)} pairs")
+    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
+    groups = [g for g in groups if len(g) >= 3 and np.ptp(x[g]) > 0 and np.ptp(y[g]) > 0]
+    if not groups:
+        for name, v in (("x", x), ("y", y)):
+            if np.ptp(v) == 0:
+                raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is "
+                                 "undefined")
+        raise ValueError("no group has 3 or more pairs that vary in x and in y")
+    weights = np.array([len(g) for g in groups], dtype=float)
     rng = np.random.default_rng(seed)
-    p = stats.permutation_test((x, y), rho, permutation_type="pairings", vectorized=True,
-                               n_resamples=resamples, random_state=rng).pvalue
-    draws = rng.integers(0, len(x), (resamples, len(x)))  # (resamples, n) indices of pairs
-    boot = rho(x[draws], y[draws])
-    low, high = np.nanpercentile(boot, [2.5, 97.5])
-    return Correlation(observed, float(p), (float(low), float(high)), len(x))
+
+    def statistic(order):  # order: (draws, n) indices into x and y, group by group
+        rhos = np.stack([_spearman(x[order[:, g]], y[order[:, g]]) for g in groups])
+        ok = ~np.isnan(rhos)  # (groups, draws)
+        return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
+
+    identity = np.arange(len(x))[None]
+    observed = float(statistic(identity)[0])
+    shuffled = np.repeat(identity, resamples, 0)  # y shuffled within each group
+    resampled = np.repeat(identity, resamples, 0)  # pairs drawn with replacement, per group
+    for g in groups:
+        shuffled[:, g] = g[rng.random((resamples, len(g))).argsort(1)]
+        resampled[:, g] = g[rng.integers(0, len(g), (resamples, len(g)))]
+    null = np.stack([_spearman(x[identity[:, g]].repeat(resamples, 0), y[shuffled[:, g]])
+                     for g in groups])
+    null = (null * weights[:, None]).sum(0) / weights.sum()
+    p = (1 + np.sum(np.abs(null) >= abs(observed) - 1e-12)) / (1 + resamples)
+    low, high = np.nanpercentile(statistic(resampled), [2.5, 97.5])
+    return Correlation(observed, float(p), (float(low), float(high)), len(x),
+                       strata=len(groups))
 
 
 def provenance_summary(runs: list[Run]) -> dict[str, list]:

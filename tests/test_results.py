@@ -248,3 +248,17 @@ def test_rank_correlation_with_permutation_p_and_bootstrap_interval():
         rank_correlation(x, np.zeros(30))
     with pytest.raises(ValueError, match=">= 4"):
         rank_correlation(x[:3], y[:3])
+
+
+def test_a_correlation_between_groups_is_not_one_within_them():
+    from gaugebook.results import rank_correlation
+
+    rng = np.random.default_rng(4)
+    arm = np.repeat(["a", "b", "c"], 8)
+    level = np.repeat([0.0, 1.0, 2.0], 8)  # the groups differ in both x and y
+    x, y = level + 0.1 * rng.normal(size=24), level + 0.1 * rng.normal(size=24)
+    assert rank_correlation(x, y, resamples=2000).p < 0.01  # pooled: driven by the groups
+    within = rank_correlation(x, y, strata=arm, resamples=2000)
+    assert within.strata == 3 and within.p > 0.05 and "within 3 groups" in within.sentence()
+    y_related = level + x  # within groups too
+    assert rank_correlation(x, y_related, strata=arm, resamples=2000).rho > 0.99
