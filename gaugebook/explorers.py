@@ -28,8 +28,8 @@ from gaugebook.landscapes import ecd_path, multiwell
 from gaugebook.plots import PALETTE
 from gaugebook.rope import rotation_matrix
 
-__all__ = ["rope_commutant", "rope_commutant_explorer", "ecd_explorer",
-           "bias_attention_explorer"]
+__all__ = ["ECD_EXPLORER_PATH", "BIAS_EXPLORER_LAYER", "rope_commutant",
+           "rope_commutant_explorer", "ecd_explorer", "bias_attention_explorer"]
 
 
 def rope_commutant(frequencies, *, positions=(1.0, 2.0, 3.0)):
@@ -66,11 +66,13 @@ def rope_commutant_explorer() -> StaticExplorer:
 
 
 _LANDSCAPE_GRID = torch.linspace(-2.0, 2.0, 161, dtype=torch.float64)
+#: The path that every frame of :func:`ecd_explorer` draws (only eta and F0 vary).
+ECD_EXPLORER_PATH = {"start": (1.3, 1.4), "lr": 0.05, "steps": 400}
 
 
-def _ecd_frame(eta: float, F0: float, *, start=(1.3, 1.4), lr: float = 0.05,
-               steps: int = 400) -> str:
-    path = ecd_path(multiwell, list(start), lr=lr, eta=eta, F0=F0, steps=steps)
+def _ecd_frame(eta: float, F0: float) -> str:
+    path = ecd_path(multiwell, list(ECD_EXPLORER_PATH["start"]), lr=ECD_EXPLORER_PATH["lr"],
+                    eta=eta, F0=F0, steps=ECD_EXPLORER_PATH["steps"])
     X, Y = torch.meshgrid(_LANDSCAPE_GRID, _LANDSCAPE_GRID, indexing="xy")
     Z = multiwell(torch.stack([X, Y], dim=-1))
     fig = Figure(figsize=(4.2, 3.8), layout="constrained")
@@ -87,8 +89,9 @@ def _ecd_frame(eta: float, F0: float, *, start=(1.3, 1.4), lr: float = 0.05,
 
 
 def ecd_explorer() -> StaticExplorer:
-    """Sliders for ``eta`` and ``F0``; each frame is the ECD path (400 steps, lr 0.05, from
-    (1.3, 1.4)) over the contours of :func:`~gaugebook.landscapes.multiwell`."""
+    """Sliders for ``eta`` and ``F0``; each frame is the ECD path (:data:`ECD_EXPLORER_PATH`:
+    400 steps, lr 0.05, from (1.3, 1.4)) over the contours of
+    :func:`~gaugebook.landscapes.multiwell`."""
     return StaticExplorer(
         [Control("eta", [1.0, 2.0, 5.0, 10.0], value=2.0),
          Control("F0", [-1.0, -0.6, -0.3], value=-0.6)],
@@ -112,14 +115,19 @@ def _bias_frame(layer: MultiHeadAttention, x: torch.Tensor, angle: float,
                                 f"of length {length:g}.")
 
 
+#: The layer and the sequence of :func:`bias_attention_explorer`.
+BIAS_EXPLORER_LAYER = {"d_model": 8, "n_heads": 2, "d_head": 4, "tokens": 10}
+
+
 def bias_attention_explorer(*, seed: int = 0) -> StaticExplorer:
     """Sliders for the direction (in the plane of the first two query coordinates) and the
     length of a query shift ``b``; the frame is the attention pattern of head 0 of a small
-    layer (``d_model = 8``, 2 heads of width 4, float64, no causal mask) on one sequence of 10
-    tokens, drawn from ``seed``."""
+    layer (:data:`BIAS_EXPLORER_LAYER`: ``d_model = 8``, 2 heads of width 4, float64, no
+    causal mask) on one sequence of 10 tokens, drawn from ``seed``."""
     g = torch.Generator().manual_seed(seed)
-    layer = MultiHeadAttention(8, 2, 4, causal=False, dtype=torch.float64, generator=g)
-    x = torch.randn(1, 10, 8, generator=g, dtype=torch.float64)  # (B, T, D)
+    D, H, dk, T = BIAS_EXPLORER_LAYER.values()
+    layer = MultiHeadAttention(D, H, dk, causal=False, dtype=torch.float64, generator=g)
+    x = torch.randn(1, T, D, generator=g, dtype=torch.float64)  # (B, T, D)
     return StaticExplorer(
         [Control("direction (deg)", [0, 45, 90, 135, 180, 225, 270, 315], value=0),
          Control("length |b|", [0.0, 2.0, 5.0], value=2.0)],
