@@ -482,8 +482,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          f"interactive figures responding, no code cell or output wider than its column, no network, no "
-          f"JavaScript error).")
+          "interactive figures responding, no code cell or output wider than its column, "
+          "no network, no JavaScript error).")
     return 0
 
 

@@ -22,8 +22,9 @@ What becomes of the Markdown:
   box titled ``Theorem 4.1 (title)``, numbered as on the page, and ``{prf:proof}``: a box titled
   ``Proof``; ``{glue:figure}``: the glued image (a ``data:`` URI) and its numbered caption;
 * ``{glue:text}``: the value written in, formatted by myst-nb's own function; ``{ref}``,
-  ``{numref}``, ``{prf:ref}``, ``{doc}``, ``{term}`` and ``{cite}`` (``:p``, ``:t``): links to the rendered
-  page with the text the page shows; ``(label)=`` targets and ``%`` comments are dropped;
+  ``{numref}``, ``{prf:ref}``, ``{doc}``, ``{term}`` and ``{cite}`` (``:p``, ``:t``): links to
+  the rendered page with the text the page shows; ``(label)=`` targets and ``%`` comments are
+  dropped;
 * math stays ``$...$`` / ``$$...$$``; the book's MathJax macros (``_config.yml``) are expanded,
   since Colab's MathJax does not know them.
 

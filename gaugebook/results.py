@@ -384,23 +384,21 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     weights = np.array([len(g) for g in groups], dtype=float)
     rng = np.random.default_rng(seed)
 
-    def statistic(order):  # order: (draws, n) indices into x and y, group by group
-        rhos = np.stack([_spearman(x[order[:, g]], y[order[:, g]]) for g in groups])
+    def statistic(ix, iy):  # (draws, n) indices into x and into y -> (draws,) weighted rho
+        rhos = np.stack([_spearman(x[ix[:, g]], y[iy[:, g]]) for g in groups])
         ok = ~np.isnan(rhos)  # (groups, draws)
         return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
 
     identity = np.arange(len(x))[None]
-    observed = float(statistic(identity)[0])
+    observed = float(statistic(identity, identity)[0])
     shuffled = np.repeat(identity, resamples, 0)  # y shuffled within each group
     resampled = np.repeat(identity, resamples, 0)  # pairs drawn with replacement, per group
     for g in groups:
         shuffled[:, g] = g[rng.random((resamples, len(g))).argsort(1)]
         resampled[:, g] = g[rng.integers(0, len(g), (resamples, len(g)))]
-    null = np.stack([_spearman(x[identity[:, g]].repeat(resamples, 0), y[shuffled[:, g]])
-                     for g in groups])
-    null = (null * weights[:, None]).sum(0) / weights.sum()
+    null = statistic(identity, shuffled)
     p = (1 + np.sum(np.abs(null) >= abs(observed) - 1e-12)) / (1 + resamples)
-    low, high = np.nanpercentile(statistic(resampled), [2.5, 97.5])
+    low, high = np.nanpercentile(statistic(resampled, resampled), [2.5, 97.5])
     return Correlation(observed, float(p), (float(low), float(high)), len(x),
                        strata=len(groups))
 
@@ -449,8 +447,8 @@ class Table:
         body = "".join("<tr>" + "".join(f"<td {style}>{self._cell(c)}</td>" for c in row)
                        + "</tr>" for row in self.rows)
         caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        return (f'<table style="border-collapse: collapse; font-size: 0.8rem">{caption}<thead><tr>{head}</tr>'
-                f"</thead><tbody>{body}</tbody></table>")
+        return (f'<table style="border-collapse: collapse; font-size: 0.8rem">{caption}'
+                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
     def _repr_html_(self) -> str:
         return self.to_html()
