@@ -321,16 +321,28 @@ class ECD(Optimizer):
     def _attach(self, flat: dict[torch.dtype, torch.Tensor]) -> None:
         """Make ``state[p]["velocity"]`` views (shaped like ``p``) of the flat buffers. The
         parameter groups are fixed from now on, so their layout is kept, with each slice's
-        parameter rows and velocity rows (the fast path then builds no lists per step)."""
+        parameter rows and velocity rows, also cut per member (the fast path then builds no
+        lists per step), and the segment lengths of the per-tensor dot products."""
         self._flat, self._layout = flat, []
-        params = self._params()
+        params, R = self._params(), self._R
         for dtype, idx in self._buckets().items():
             for j, rows in zip(idx, self._split(flat[dtype], idx)):
                 self.state[params[j]]["velocity"] = rows.view(params[j].shape)
         for group, dtype, start, stop, idx in self._slices():
             members = [self._rows(params[j]) for j in idx]
             velocities = self._split(flat[dtype][:, start:stop], idx)
-            self._layout.append((group, dtype, start, stop, idx, members, velocities))
+            per_member = [([m[r] for m in members], [v[r] for v in velocities]) for r in range(R)]
+            self._layout.append((group, dtype, start, stop, idx, members, velocities, per_member))
+        # per-tensor: member r's segment of parameter j in flat[dtype].view(-1), member-major
+        device = params[0].device
+        sizes = {dtype: [params[j].numel() // R for j in idx]
+                 for dtype, idx in self._buckets().items()}
+        self._segments = {dtype: (n, torch.tensor(n * R, device=device))
+                          for dtype, n in sizes.items()}
+        order = [j for idx in self._buckets().values() for j in idx]
+        self._order = (None if order == sorted(order) else
+                       torch.tensor(sorted(range(len(order)), key=order.__getitem__),
+                                    device=device))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -353,37 +365,44 @@ class ECD(Optimizer):
             self._attach({dtype: torch.zeros(R, sum(params[j].numel() // R for j in idx),
                                              dtype=dtype, device=params[0].device)
                           for dtype, idx in self._buckets().items()})
-        # per member: F (averaged over DDP ranks), the L2 term, and per parameter v.g and g.g
-        grads, penalty, vg, gg = (self._gather_foreach if foreach else self._gather_reference)()
-        stats = torch.cat([F_loss, penalty, vg.flatten(), gg.flatten()]).tolist()  # one sync
-        n = vg.shape[1]  # dot products per member: per parameter, or per dtype (global fast path)
-        rows = [(stats[r], stats[R + r], stats[2 * R + r * n: 2 * R + (r + 1) * n],
-                 stats[2 * R + R * n + r * n: 2 * R + R * n + (r + 1) * n]) for r in range(R)]
+        # per member: F (averaged over DDP ranks), the L2 term and partial dot products
+        grads, penalty, partials = (self._gather_foreach if foreach else self._gather_reference)()
+        stats = torch.cat([F_loss, penalty, *(t.flatten() for t in partials.values())]).tolist()
+        n = next(iter(partials.values())).shape[1]  # partial sums per member
+        rows = [(stats[r], stats[R + r],
+                 {key: stats[2 * R + (k * R + r) * n: 2 * R + (k * R + r + 1) * n]
+                  for k, key in enumerate(partials)}) for r in range(R)]  # (one sync above)
         kicks, dots, fresh = self._coefficients(rows, grads)
         if not any(kicks):
             return loss
         for r in fresh:  # a member's first step: v = -g/|g|
-            g_norm = math.sqrt(math.fsum(rows[r][3]))
+            g_norm = math.sqrt(math.fsum(rows[r][2]["gg"]))
             if isinstance(grads, dict):
                 pairs = [(self._flat[dtype], g) for dtype, g in grads.items()]
             else:
                 pairs = [(self._rows(self.state[p]["velocity"]), g) for p, g in zip(params, grads)]
             for v, g in pairs:
                 v[r].copy_(g[r] / -g_norm)
-        update = self._update_foreach if foreach else self._update_reference
-        update(grads, dots, kicks, self._shared("nu") / math.sqrt(self.dimension))
+        chaos = self._shared("nu") / math.sqrt(self.dimension)
+        if foreach:
+            self._update_foreach(grads, dots, kicks, chaos, [parts for *_, parts in rows])
+        else:
+            self._update_reference(grads, dots, kicks, chaos)
         return loss
 
     def _coefficients(self, rows, grads):
         """Per member: ``kappa / (F - F0)`` (0 for a skipped step) and, for each parameter, the dot
         product :math:`v \\cdot g` of its tensor of the partition (global: of all), from the
-        partial dot products ``rows`` (per parameter, or per dtype), checked for finiteness.
-        Counts steps and skipped steps; returns the members that start moving now."""
+        partial dot products ``rows`` (``(F, L2 term, {"vg": [...], "gg": [...], ...})``, partial
+        sums per parameter or per slice), checked for finiteness. Counts steps and skipped steps;
+        returns the members that start moving now, whose partials it rewrites for
+        :math:`v = -g/|g|`."""
         eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
         d, params = self.dimension, self._params()
         kappa, per_tensor = eta / 2 * d / (d - 1), self._shared("projection") == "per_tensor"
         kicks, dots, fresh = [], [], []
-        for r, (F_loss, penalty, vg, gg) in enumerate(rows):
+        for r, (F_loss, penalty, parts) in enumerate(rows):
+            vg, gg = parts["vg"], parts["gg"]
             who = f"ECD step {self._moved[r] + self._skipped[r] + 1}" + (
                 f", member {r}" if self.members else "")
             if not math.isfinite(F_loss):
@@ -414,7 +433,9 @@ class ECD(Optimizer):
                 if g_norm == 0:
                     raise ValueError(f"{who}: the gradient is exactly zero at the first step, so "
                                      "the initial velocity -g/|g| is undefined")
-                vg = [-x / g_norm for x in gg]  # v.g with v = -g/|g|
+                vg = parts["vg"] = [-x / g_norm for x in gg]  # v.g with v = -g/|g|
+                if "vv" in parts:
+                    parts["vv"] = [x / g_norm**2 for x in gg]
                 self._started[r] = True
                 fresh.append(r)
             if per_tensor:  # one dot product per tensor of the partition
@@ -470,11 +491,13 @@ class ECD(Optimizer):
         velocities = [self._rows(self.state[p]["velocity"]) for p in params]
         vg = torch.stack([_dots(v, g) for v, g in zip(velocities, grads)], dim=1)
         gg = torch.stack([_dots(g, g) for g in grads], dim=1)
-        return grads, penalty, vg, gg
+        return grads, penalty, {"vg": vg, "gg": gg}
 
     def _gather_foreach(self):
-        """The same with flat gradients ``{dtype: [R, N]}``; the dot products per dtype for the
-        global projection."""
+        """The same with flat gradients ``{dtype: [R, N]}``, and with :math:`v\\cdot v` too (the
+        update normalises with it): partial sums per slice of the layout (a group's parameters of
+        one dtype) for the global projection, per parameter for the per-tensor one (two
+        segmented reductions per dtype and product, whatever the number of tensors)."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
@@ -482,21 +505,25 @@ class ECD(Optimizer):
             # costs page faults (more than the copy): keep it. CUDA's caching allocator reuses
             # the block by itself, and a kept buffer would raise the peak memory of training.
             self._workspace = grads
-        for group, dtype, start, stop, idx, members, _ in self._layout:
+        for group, dtype, start, stop, idx, members, *_ in self._layout:
             if group["weight_decay"] != 0:
                 g = self._split(grads[dtype][:, start:stop], idx)
                 torch._foreach_add_(g, members, alpha=group["weight_decay"])
-        penalty = self._penalties([(group, members) for group, *_, members, _ in self._layout])
-        if self._shared("projection") == "global":  # one v.g and g.g per dtype suffice
-            vg = [_dots(self._flat[dtype], g) for dtype, g in grads.items()]
-            gg = [_dots(g, g) for g in grads.values()]
+        penalty = self._penalties([(group, members) for group, *_, members, _, _ in self._layout])
+        pairs = {"vg": lambda v, g: (v, g), "gg": lambda v, g: (g, g), "vv": lambda v, g: (v, v)}
+        if self._shared("projection") == "global":  # one sum per slice suffices
+            slices = [(self._flat[dtype][:, a:b], grads[dtype][:, a:b])
+                      for _, dtype, a, b, *_ in self._layout]
+            partials = {key: torch.stack([_dots(*pick(v, g)) for v, g in slices], dim=1)
+                        for key, pick in pairs.items()}
         else:  # per parameter, summed over the partition's tensors on the host
-            vg, gg = [None] * len(params), [None] * len(params)
-            for dtype, idx in self._buckets().items():
-                for j, v, g in zip(idx, self._split(self._flat[dtype], idx),
-                                   self._split(grads[dtype], idx)):
-                    vg[j], gg[j] = _dots(v, g), _dots(g, g)
-        return grads, penalty, torch.stack(vg, dim=1), torch.stack(gg, dim=1)
+            partials = {key: torch.cat([_segment_dots(*pick(self._flat[dtype], g),
+                                                      *self._segments[dtype])
+                                        for dtype, g in grads.items()], dim=1)
+                        for key, pick in pairs.items()}
+            if self._order is not None:  # several dtypes: back to parameter order
+                partials = {key: t[:, self._order] for key, t in partials.items()}
+        return grads, penalty, partials
 
     def _noise(self, r: int) -> dict[torch.dtype, torch.Tensor]:
         """z ~ N(0, I) for member ``r``, one flat vector per dtype, from its own generator."""
@@ -504,12 +531,16 @@ class ECD(Optimizer):
                                    dtype=dtype) for dtype, v in self._flat.items()}
 
     def _chaos(self, chaos: float, kicks: list[float]) -> None:
-        """``v += (nu/sqrt d) z`` for the members that moved; then back to unit length."""
+        """``v += (nu/sqrt d) z`` for the members that moved; then back to unit length (the
+        length stays on the device)."""
         for r, kick in enumerate(kicks):
             if kick:
-                for dtype, z in self._noise(r).items():
-                    self._flat[dtype][r].add_(z, alpha=chaos)
-        self._normalise([(v, 1.0) for v in self._flat.values()], kicks)
+                rows = [v[r:r + 1] for v in self._flat.values()]  # [1, n] per dtype
+                for row, z in zip(rows, self._noise(r).values()):
+                    row.add_(z, alpha=chaos)
+                speed = torch.cat([_dots(row, row) for row in rows]).sum().sqrt()
+                for row in rows:
+                    row.div_(speed)
 
     def _normalise(self, slices, kicks) -> None:
         """Each buffer ``u [R, n]`` of ``slices = [(u, s), ...]`` holds its part of the velocity
@@ -540,38 +571,43 @@ class ECD(Optimizer):
         if chaos > 0:
             self._chaos(chaos, kicks)
 
-    def _update_foreach(self, grads, dots, kicks, chaos) -> None:
-        """The same update on the flat buffers, a few kernels per (group, dtype) slice.
-
-        Global projection: the kicked velocity ``a v - c g`` (``a = 1 + c v.g``) is formed in one
-        pass as ``s * lerp(v, g, -c/s)`` with ``s = a - c``; the buffer keeps the lerp, the drift
-        and the normalisation apply the factor ``s``. (When ``s`` is near zero, two passes.)"""
-        sqrt_eta, slices = math.sqrt(float(self._shared("eta"))), []
+    def _update_foreach(self, grads, dots, kicks, chaos, partials) -> None:
+        """The same update with host scalars, a few multi-tensor kernels per member and slice,
+        and no transfer to the device. The kicked velocity of slice ``s`` (its own
+        :math:`c = \\kappa\\Delta t_s/(F - F_0)`) is :math:`v' = a v - c g` with
+        :math:`a = 1 + c\\,(v\\cdot g)_b` (the dot product of its tensor ``b`` of the partition,
+        or the global one), so :math:`|v'|^2 = \\sum (a^2\\, v\\cdot v - 2ac\\, v\\cdot g + c^2\\,
+        g\\cdot g)` over the partial sums: the velocity is kicked and normalised in one pass,
+        :math:`v \\leftarrow v'/|v'|`, and the drift adds :math:`\\Delta t_s |v'|\\, v`."""
+        sqrt_eta = math.sqrt(float(self._shared("eta")))
         per_tensor = self._shared("projection") == "per_tensor"
-        for group, dtype, start, stop, idx, members, velocities in self._layout:
-            dt = group["lr"] / sqrt_eta
-            v, g = self._flat[dtype][:, start:stop], grads[dtype][:, start:stop]
-            c = [kick * dt for kick in kicks]
-            scale = [1.0] * len(kicks)
-            if per_tensor:  # v_b (1 + c v_b.g_b) - c g_b
-                torch._foreach_mul_(velocities, [self._col([1 + cr * row[j] for cr, row in
-                                                            zip(c, dots)], v) for j in idx])
-                _axpy(v, g, self._col([-cr for cr in c], v))
-            else:
-                a = [1.0 + cr * row[0] for cr, row in zip(c, dots)]
-                if all(abs(ar - cr) > 1e-3 * (abs(ar) + cr) for ar, cr in zip(a, c)):
-                    scale = [ar - cr for ar, cr in zip(a, c)]
-                    v.lerp_(g, self._col([-cr / s for cr, s in zip(c, scale)], v))
+        for r, kick in enumerate(kicks):
+            if not kick:
+                continue
+            vg, gg, vv = partials[r]["vg"], partials[r]["gg"], partials[r]["vv"]
+            plan, speed = [], 0.0  # per slice: c, the factors a (per parameter or one)
+            for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
+                c = kick * group["lr"] / sqrt_eta
+                if per_tensor:
+                    a = [1 + c * dots[r][j] for j in idx]
+                    speed += math.fsum(aj * aj * vv[j] - 2 * aj * c * vg[j] + c * c * gg[j]
+                                       for aj, j in zip(a, idx))
                 else:
-                    v.mul_(self._col(a, v))
-                    _axpy(v, g, self._col([-cr for cr in c], v))
-            drift = self._col([dt * s if kick else 0.0 for s, kick in zip(scale, kicks)], v)
-            if isinstance(drift, float):
-                torch._foreach_add_(members, velocities, alpha=drift)
-            else:
-                torch._foreach_addcmul_(members, velocities, [drift] * len(members))
-            slices.append((v, scale))
-        self._normalise(slices, kicks)
+                    a = 1 + c * dots[r][0]
+                    speed += a * a * vv[s] - 2 * a * c * vg[s] + c * c * gg[s]
+                plan.append((c, a))
+            n = math.sqrt(speed)
+            for (c, a), (group, dtype, start, stop, _, _, _, per_member) in zip(plan,
+                                                                               self._layout):
+                v = self._flat[dtype][r, start:stop]
+                weights, velocities = per_member[r]
+                if per_tensor:
+                    torch._foreach_mul_(velocities, [aj / n for aj in a])
+                else:
+                    v.mul_(a / n)
+                v.add_(grads[dtype][r, start:stop], alpha=-c / n)  # v = (a v - c g)/|v'|
+                dt = group["lr"] / sqrt_eta
+                torch._foreach_add_(weights, velocities, alpha=dt * n)  # drift: dt v'
         if chaos > 0:
             self._chaos(chaos, kicks)
 
@@ -607,25 +643,40 @@ class ECD(Optimizer):
 
 
 def _dots(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``u_r . g_r`` of ``[R, n]`` tensors, float64 ``[R]``. 16-bit tensors are
-    multiplied and summed in float32: in their own dtype the sum overflows (float16 tops out at
-    65504)."""
+    """Row-wise ``u_r . g_r`` of ``[R, n]`` tensors, float64 ``[R]``: one batched product (on a
+    CPU one BLAS dot per row, where the batched product of row vectors is several times slower).
+    16-bit tensors are multiplied and summed in float32: in their own dtype the sum overflows
+    (float16 tops out at 65504)."""
     if u.element_size() < 4:
         u, g = u.float(), g.float()
+    if u.device.type == "cpu":
+        return torch.stack([torch.dot(a, b) for a, b in zip(u, g)]).double()
     return torch.bmm(u.unsqueeze(1), g.unsqueeze(2)).view(-1).double()
+
+
+def _segment_dots(u: torch.Tensor, g: torch.Tensor, sizes: list[int], lengths: torch.Tensor,
+                  segmented: bool | None = None) -> torch.Tensor:
+    """Row-wise dot products of ``u, g [R, N]`` over consecutive column segments of ``sizes``,
+    float64 ``[R, S]`` (``lengths``: ``sizes`` repeated ``R`` times, on the device).
+    ``segmented`` (default: off the CPU) takes one segmented reduction of the flattened product
+    for all segments, a few kernels whatever their number; otherwise one BLAS dot per segment
+    (on a CPU faster, and summed more accurately than the segmented reduction's running sum).
+    16-bit tensors are multiplied and summed in float32."""
+    if segmented is None:
+        segmented = u.device.type != "cpu"
+    if not segmented:
+        return torch.stack([_dots(a, b) for a, b in zip(u.split(sizes, 1), g.split(sizes, 1))],
+                           dim=1)
+    if u.element_size() < 4:
+        u, g = u.float(), g.float()
+    sums = torch.segment_reduce((u * g).view(-1), "sum", lengths=lengths, unsafe=True)
+    return sums.view(u.shape[0], -1).double()
 
 
 def _as_rows(s, u: torch.Tensor):
     """Per-member factors ``s`` (a float or a list) as a float64 tensor on ``u``'s device."""
     return torch.as_tensor(s, dtype=torch.float64, device=u.device)
 
-
-def _axpy(y: torch.Tensor, x: torch.Tensor, a) -> None:
-    """``y += a x`` with ``a`` a float or per-member rows ``[R, 1]``."""
-    if isinstance(a, float):
-        y.add_(x, alpha=a)
-    else:
-        y.addcmul_(x, a)
 
 class MultiOptimizer:
     """Several optimizers over disjoint parameters, driven as one (e.g. Muon + AdamW).

@@ -56,3 +56,35 @@ def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
         finals.append([p.detach() for p in params])
     for a, b in zip(*finals):
         assert (a - b).abs().max() < 1e-4 * b.abs().max()
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+def test_an_ecd_step_synchronises_once(projection):
+    """A step of the fast path (3 members, chaos on) reads its scalars to the host once and sends
+    nothing back: the one synchronisation torch's sync debug mode reports."""
+    import warnings
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 50, 40, device="cuda")),
+              torch.nn.Parameter(torch.randn(3, 40, device="cuda"))]
+    blocks = [params] if projection == "per_tensor" else None
+    opt = ECD(params, lr=0.1, eta=4.0, F0=-1.0, nu=0.1, members=3, projection=projection,
+              blocks=blocks, chaos_seeds=[1, 2, 3])
+
+    def closure():
+        opt.zero_grad()
+        loss = (params[0] ** 2).mean(dim=(1, 2)) + params[1].sum(1)
+        loss.sum().backward()
+        return loss
+    opt.step(closure)  # the first step sets the velocities up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                opt.step(closure)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 3, [str(w.message) for w in syncs]

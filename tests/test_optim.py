@@ -613,3 +613,25 @@ def test_contract_errors():
     adamw = torch.optim.AdamW(w, lr=0.1)
     with pytest.raises(ValueError, match="not written by ECD"):
         opt.load_state_dict(adamw.state_dict())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("R", [1, 3])
+def test_segmented_dot_products_equal_one_dot_per_segment(dtype, R):
+    """The fast path's per-tensor dot products off the CPU (one segmented reduction of the
+    flattened product) equal one dot product per segment, member by member."""
+    from gaugebook.optim import _segment_dots
+
+    torch.manual_seed(0)
+    sizes = [7, 1, 30, 12]
+    u, g = torch.randn(R, sum(sizes), dtype=dtype), torch.randn(R, sum(sizes), dtype=dtype)
+    lengths = torch.tensor(sizes * R)
+    segmented = _segment_dots(u, g, sizes, lengths, segmented=True)
+    per_segment = _segment_dots(u, g, sizes, lengths, segmented=False)
+    expected = torch.stack([(a.double() * b.double()).sum(1)
+                            for a, b in zip(u.split(sizes, 1), g.split(sizes, 1))], dim=1)
+    assert segmented.shape == per_segment.shape == (R, len(sizes))
+    assert segmented.dtype == per_segment.dtype == torch.float64
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    for got in (segmented, per_segment):
+        assert (got - expected).abs().max() <= tol * expected.abs().max()
