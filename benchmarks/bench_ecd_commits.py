@@ -8,10 +8,12 @@ step the same model with the same gradients in one process. Each number is the m
 does (AdamW then steps the stacked parameters). ``--tiny`` keeps the model's 6 layers and 6 heads
 at width 12 and a vocabulary of 64: the step then costs almost only its host-side work (the
 operators it dispatches, which the result also counts), which is what limits a GPU step of a
-small model. Usage::
+small model; on a CPU add ``--segmented`` to take the GPU's way to the per-tensor dot products
+(one segmented reduction instead of one BLAS dot per tensor and member). Usage::
 
     python benchmarks/bench_ecd_commits.py --old a5b7169 --out benchmarks/results/ecd_commits_cpu.json
-    python benchmarks/bench_ecd_commits.py --old HEAD --projection per_tensor --members 3 --tiny
+    python benchmarks/bench_ecd_commits.py --old HEAD --projection per_tensor --members 3 --tiny \
+        --segmented
     git show 303d9f3:gaugebook/optim.py > .whl/optim_303d9f3.py   # for a machine without git
     python benchmarks/bench_ecd_commits.py --old 303d9f3 --old-file .whl/optim_303d9f3.py --reps 50
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import subprocess
@@ -106,11 +109,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--members", type=int, default=1, help="stacked models (a cohort)")
     parser.add_argument("--tiny", action="store_true",
                         help="width 12, vocabulary 64: time the host-side work of a step")
+    parser.add_argument("--segmented", action="store_true",
+                        help="per-tensor dot products as off the CPU (one segmented reduction)")
     parser.add_argument("--out", type=Path, help="also write the result (with provenance) here")
     args = parser.parse_args(argv)
     if args.members < 1:
         parser.error(f"--members must be >= 1, got {args.members}")
     device, old = torch.device(args.device), optim_at(args.old, args.old_file)
+    if args.segmented:  # the working tree's ECD reduces per tensor as it does on a GPU
+        optim._segment_dots = functools.partial(optim._segment_dots, segmented=True)
     config = TINY if args.tiny else MODEL
     makers = {
         "adamw_fused": lambda ps: torch.optim.AdamW(list(ps.values()), lr=1e-3, fused=True),
