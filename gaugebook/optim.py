@@ -118,17 +118,19 @@ class ECD(Optimizer):
             torch's global generator at construction; under DDP rank 0's draws, broadcast).
         foreach: ``None`` or ``True`` (default): the fast path, on every device. The velocities
             of one dtype are views into one flat buffer ``[R, N]``, the gradients are copied into
-            one flat buffer per dtype for the step (a transient of the size of the parameters),
-            and the dot products, norms and updates take a few kernels per parameter group
-            whatever the number of tensors. ``False``: the reference path, one tensor at a time.
+            one flat buffer per dtype for the step (a transient of the size of the parameters);
+            the partial dot products come in a few kernels whatever the number of tensors, and
+            each member's kick, normalisation and drift are a few multi-tensor kernels with
+            scalars computed on the host. ``False``: the reference path, one tensor at a time.
             Both compute the same numbers up to round-off.
 
     ``step(closure)`` needs a closure that zeroes the gradients, computes the loss (a scalar; with
     ``members=R`` a tensor ``[R]``), calls ``backward()`` and returns it. Parameters whose
     ``.grad`` is ``None`` count as having a zero gradient (they still drift with :math:`v`).
     Under DDP (an initialised ``torch.distributed`` process group) :math:`F` is averaged over the
-    ranks before the step; the gradients are already averaged by DDP. A step reads its few
-    scalars (:math:`F`, the dot products) to the host once. The chaos generators are saved by
+    ranks before the step; the gradients are already averaged by DDP. A step of the fast path
+    reads its few scalars (:math:`F`, the partial dot products) to the host once and sends
+    nothing back: on a GPU that is its one synchronisation. The chaos generators are saved by
     :meth:`state_dict`, so a resumed run is identical to an uninterrupted one.
 
     Attributes:
@@ -496,8 +498,8 @@ class ECD(Optimizer):
     def _gather_foreach(self):
         """The same with flat gradients ``{dtype: [R, N]}``, and with :math:`v\\cdot v` too (the
         update normalises with it): partial sums per slice of the layout (a group's parameters of
-        one dtype) for the global projection, per parameter for the per-tensor one (two
-        segmented reductions per dtype and product, whatever the number of tensors)."""
+        one dtype) for the global projection, per parameter for the per-tensor one (off the CPU one
+        segmented reduction per dtype and product, whatever the number of tensors)."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
