@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call (at most BUDGET seconds, default 540) for the decisive experiment of Part II
 # (preset `paper`), most valuable first, so that a call cut short keeps what matters:
-#   1. one part of the preset `paper` (default: the first of seed0, seed1, seed2 that has no
-#      complete results in results/gpu/paper), batched, its three cohorts concurrently; runs
+#   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, as
+#      many as the recorded runs' times say fit in WALL (gaugebook.experiment.plan_parts: one
+#      part when none is recorded), batched, one cohort per arm, concurrently; runs
 #      still going after WALL seconds (330, or 440 once the benchmark below is recorded) are
-#      evaluated there and marked truncated. If the part fails
-#      within its first two minutes (e.g. torch.compile on this device), it is retried once
-#      uncompiled                                                       paper.tar, paper.log
+#      evaluated there and marked truncated. If training fails within its first two minutes
+#      (e.g. torch.compile on this device), it is retried once uncompiled
+#                                                                       paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on that part (batched vs separate processes, ECD vs fused AdamW,
@@ -37,23 +38,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see b
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-if [ -z "${PART:-}" ]; then  # the first seed part without all its runs complete (not truncated)
-  PART=$(python3 - "$PRESET" <<'PY'
-import json, sys
-from pathlib import Path
-from gaugebook.experiment import presets
-preset = sys.argv[1]
-for part, runs in presets()[preset].items():
-    files = [Path("results/gpu") / preset / f"{r.name}.json" for r in runs]
-    if not all(f.exists() and not json.loads(f.read_text())["truncated"] for f in files):
-        print(part)
-        break
-else:
-    print("none")
-PY
-)
-  [ -n "$PART" ] || { echo "cannot list the parts of $PRESET (is torch importable?)"; exit 1; }
-  if [ "$PART" = none ]; then echo "every part of $PRESET is complete"; PART=seed0; fi
+if [ -z "${PART+set}" ]; then  # the parts without complete results, as many as fit in WALL
+  PART=$(python3 -c "from gaugebook.experiment import plan_parts
+print(','.join(plan_parts('$PRESET', 'results/gpu/$PRESET', $WALL)))") \
+    || { echo "cannot plan the parts of $PRESET (is torch importable?)"; exit 1; }
+  [ -n "$PART" ] || echo "every part of $PRESET is complete: nothing to train"
 fi
 mkdir -p "$OUT" "/tmp/grid/$PRESET"
 echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
@@ -70,9 +59,7 @@ paper() {  # "$@": extra settings; runs stopped by max_wall_s are evaluated, the
     --out "/tmp/grid/$PRESET" --set max_wall_s="$WALL" "$@" >> "$OUT/paper.log" 2>&1
 }
 start=$(date +%s)
-paper
-status=$?
-echo "paper exit $status after $(( $(date +%s) - start )) s"
+if [ -n "$PART" ]; then paper; echo "paper exit $? after $(( $(date +%s) - start )) s"; fi
 if ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1 && [ $(( $(date +%s) - start )) -lt 120 ]
 then  # failed at once (compilation?): once more without torch.compile, in the time left
   echo "paper failed early: $(cat "/tmp/grid/$PRESET"/*.error.json | head -c 600)"
@@ -94,7 +81,8 @@ fi
 if [ "$BENCH" = 1 ] && [ "$(left)" -gt 60 ]; then
   start=$(date +%s)
   timeout $(( $(left) - 40 < 150 ? $(left) - 40 : 150 )) python3 benchmarks/bench_grid.py \
-    --device "$DEVICE" --preset "$PRESET" --part "$PART" --steps "$BENCH_STEPS" --data-workers 2 \
+    --device "$DEVICE" --preset "$PRESET" --part "${PART:-seed0}" --steps "$BENCH_STEPS" \
+    --data-workers 2 \
     --out "$OUT/grid_h200.json" > "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"
   tail -c 2500 "$OUT/grid.log"

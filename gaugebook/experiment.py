@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ from gaugebook.run_config import RunConfig, override
 from gaugebook.training import (check_runs, cohorts, optimizer_state_bytes, provenance, train,
                                 train_batched, write_json_atomic)
 
-__all__ = ["RunConfig", "presets", "select_runs", "override", "train", "train_batched",
+__all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train", "train_batched",
            "run_many", "main", "provenance", "write_json_atomic", "optimizer_state_bytes",
            "PAPER_DECISION"]
 
@@ -152,16 +153,52 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
 
 
 def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
-    """The runs of ``preset`` (all parts, or one); unknown names list the valid ones."""
+    """The runs of ``preset``: all parts, one, or several separated by commas
+    (``"seed1,seed2"``; ``--batched`` then trains each arm of them as one cohort); unknown names
+    list the valid ones."""
     table = presets()
     if preset not in table:
         raise ValueError(f"unknown preset {preset!r}; valid presets: {sorted(table)}")
     parts = table[preset]
     if part is None:
         return [run for runs in parts.values() for run in runs]
-    if part not in parts:
-        raise ValueError(f"preset {preset!r} has no part {part!r}; valid parts: {sorted(parts)}")
-    return parts[part]
+    names = part.split(",")
+    for name in names:
+        if name not in parts:
+            raise ValueError(f"preset {preset!r} has no part {name!r}; valid parts: "
+                             f"{sorted(parts)}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"part {part!r} names a part twice")
+    return [run for name in names for run in parts[name]]
+
+
+def plan_parts(preset: str, recorded: Path, wall_s: float, margin: float = 0.9) -> list[str]:
+    """The parts of ``preset`` for the next call of ``wall_s`` seconds: those without complete
+    results in ``recorded`` (in order), as many as fit. A part's time is estimated from the
+    recorded runs: a run's ``wall_s`` scaled to all its steps (``steps / steps_done``, for a
+    truncated run), divided by the number of parts its cohort trained at once; the slowest run
+    gives the part's time ``t``, and ``k`` parts fit when ``k t <= margin * wall_s`` (linear in
+    the number of members, as on a saturated device: cautious where the host limits a step).
+    Without recorded runs, one part; with every part complete, none."""
+    table = presets()[preset]
+    part_of = {cfg.name: part for part, runs in table.items() for cfg in runs}
+    missing, per_part = [], []
+    for part, runs in table.items():
+        complete = True
+        for cfg in runs:
+            path = Path(recorded) / f"{cfg.name}.json"
+            result = json.loads(path.read_text()) if path.exists() else None
+            complete = complete and result is not None and not result["truncated"]
+            if result and result["steps_done"] > 0:
+                parts_at_once = len({part_of.get(n, part) for n in result["trained_with"]}) or 1
+                full = result["wall_s"] * result["config"]["steps"] / result["steps_done"]
+                per_part.append(full / parts_at_once)
+        if not complete:
+            missing.append(part)
+    if not per_part:
+        return missing[:1]
+    fit = max(1, int(margin * wall_s // max(per_part)))
+    return missing[:fit]
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -230,7 +267,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gaugebook.experiment", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help=f"one of {sorted(presets())} (required unless --list)")
-    parser.add_argument("--part", default=None, help="one part of the preset (default: all)")
+    parser.add_argument("--part", default=None,
+                        help="a part of the preset, or several separated by commas (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/PRESET)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workers", type=int, default=1,

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -217,3 +218,48 @@ def test_random_states_are_moved_to_the_cpu_before_they_are_restored():
     expected = torch.rand(3)
     _set_rng_state({**state, "torch": _OffCPU(state["torch"])}, torch.device("cpu"))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_several_parts_are_trained_as_one_cohort_per_arm():
+    """`--part seed1,seed2` selects both parts; batched, each arm of them is one cohort."""
+    from gaugebook.training import cohorts
+
+    runs = select_runs("paper-smoke", "seed1,seed2")
+    assert [r.name for r in runs] == ([r.name for r in select_runs("paper-smoke", "seed1")]
+                                      + [r.name for r in select_runs("paper-smoke", "seed2")])
+    assert sorted(len(c) for c in cohorts(runs)) == [4, 4, 6]
+    with pytest.raises(ValueError, match="no part 'seed9'"):
+        select_runs("paper-smoke", "seed1,seed9")
+    with pytest.raises(ValueError, match="twice"):
+        select_runs("paper-smoke", "seed1,seed1")
+
+
+def _record(folder: Path, cfg: RunConfig, wall_s: float, steps_done: int, trained_with):
+    """A result file with the fields plan_parts reads."""
+    write_json_atomic(folder / f"{cfg.name}.json",
+                      {"name": cfg.name, "config": dataclasses.asdict(cfg), "wall_s": wall_s,
+                       "steps_done": steps_done, "truncated": steps_done < cfg.steps,
+                       "trained_with": trained_with})
+
+
+def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
+    from gaugebook.experiment import plan_parts
+
+    assert plan_parts("paper", tmp_path, 440) == ["seed0"]  # nothing recorded: one part
+    seed0 = select_runs("paper", "seed0")
+    names = [c.name for c in seed0]
+    for cfg in seed0:  # one part took at most 120 s
+        _record(tmp_path, cfg, 100.0 + 20 * (cfg.optimizer == "adamw"), cfg.steps, names)
+    assert plan_parts("paper", tmp_path, 440) == ["seed1", "seed2"]  # 2 x 120 <= 0.9 x 440
+    assert plan_parts("paper", tmp_path, 250) == ["seed1"]  # 2 x 120 > 0.9 x 250
+    # a truncated run counts at its full length: 150 s for half its steps is 300 s per part
+    _record(tmp_path, seed0[0], 150.0, seed0[0].steps // 2, names)
+    assert plan_parts("paper", tmp_path, 440) == ["seed0"]
+    # two parts trained at once for 200 s: 100 s per part
+    both = [c.name for c in seed0 + select_runs("paper", "seed1")]
+    for cfg in seed0 + select_runs("paper", "seed1"):
+        _record(tmp_path, cfg, 200.0, cfg.steps, both)
+    assert plan_parts("paper", tmp_path, 440) == ["seed2"]
+    for cfg in select_runs("paper", "seed2"):
+        _record(tmp_path, cfg, 90.0, cfg.steps, [cfg.name])
+    assert plan_parts("paper", tmp_path, 440) == []  # every part complete
