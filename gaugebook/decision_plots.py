@@ -7,7 +7,7 @@ is the mean :math:`\\bar L(t) = \\frac1S \\sum_s L_s(t)` over the ``S`` seeds to
 :math:`\\min_s L_s(t)` and :math:`\\max_s L_s(t)`, taken only at steps that every seed recorded
 (equal steps, never interpolated). Chapter 17 uses it as::
 
-    runs, source = paper_runs()              # results/gpu/paper, or a reduced CPU run
+    runs, source, seconds = paper_runs()     # results/gpu/paper, or a reduced CPU run
     fig = band_panels(runs, "val_loss")
     display(decision_table(decisions(runs)))
 """
@@ -23,8 +23,8 @@ import numpy as np
 from gaugebook.plots import PALETTE
 from gaugebook.results import Decision, Run, Table, common_steps, find_results, load_runs
 
-__all__ = ["PAPER_RESULTS", "reduced_paper_configs", "paper_runs", "seed_band", "path_ratio",
-           "band_panels", "decision_table"]
+__all__ = ["PAPER_RESULTS", "reduced_paper_configs", "recorded_paper_runs", "paper_runs",
+           "seed_band", "path_ratio", "band_panels", "decision_table"]
 
 PAPER_RESULTS = "results/gpu/paper"
 SYMMETRY_COLOR = {"symmetric": PALETTE[0], "bq": PALETTE[1], "bqv": PALETTE[3]}
@@ -43,17 +43,37 @@ def reduced_paper_configs(steps: int = 60, eval_every: int = 10) -> list:
             for c in select_runs("paper-smoke")]
 
 
+def recorded_paper_runs(*, extra_roots=()) -> tuple[list[Run] | None, str]:
+    """``(runs, status)``: the runs of ``results/gpu/paper`` when it holds every run of the
+    preset ``paper``, none truncated; otherwise ``runs = None`` (a call of the GPU script adds
+    one or two parts at a time, and a truncated run does not enter the rule). ``status`` says
+    what is recorded, e.g. ``"7 of the 21 runs recorded (parts seed0), none truncated"``."""
+    from gaugebook.experiment import presets
+
+    part_of = {cfg.name: part for part, runs in presets()["paper"].items() for cfg in runs}
+    try:
+        runs = load_runs(find_results(PAPER_RESULTS, extra_roots=extra_roots))
+    except FileNotFoundError:
+        return None, f"none of the {len(part_of)} runs recorded"
+    ours = [r for r in runs if r.name in part_of]
+    truncated = sum(bool(r["truncated"]) for r in ours)
+    parts = ", ".join(sorted({part_of[r.name] for r in ours}))
+    status = (f"{len(ours)} of the {len(part_of)} runs recorded (parts {parts}), "
+              f"{truncated or 'none'} truncated")
+    complete = len(ours) == len(part_of) and not truncated
+    return (ours if complete else None), status
+
+
 def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60,
                eval_every: int = 10) -> tuple[list[Run], str, float]:
-    """``(runs, source, seconds)``: the recorded runs of ``results/gpu/paper`` when that folder
-    exists (``source = "gpu"``, ``seconds = 0``), otherwise the reduced CPU version
-    (:func:`reduced_paper_configs`) trained now, one :func:`~gaugebook.training.train_batched`
-    cohort per arm, into ``out`` (a new temporary folder by default), ``source = "cpu"`` and
-    the training time in seconds."""
-    try:
-        return load_runs(find_results(PAPER_RESULTS, extra_roots=extra_roots)), "gpu", 0.0
-    except FileNotFoundError:
-        pass
+    """``(runs, source, seconds)``: the recorded runs of ``results/gpu/paper`` once it holds
+    the whole preset (:func:`recorded_paper_runs`; ``source = "gpu"``, ``seconds = 0``),
+    otherwise the reduced CPU version (:func:`reduced_paper_configs`) trained now, one
+    :func:`~gaugebook.training.train_batched` cohort per arm, into ``out`` (a new temporary
+    folder by default), ``source = "cpu"`` and the training time in seconds."""
+    recorded, _ = recorded_paper_runs(extra_roots=extra_roots)
+    if recorded is not None:
+        return recorded, "gpu", 0.0
     from gaugebook.training import cohorts, train_batched
 
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gaugebook-paper-"))

@@ -69,12 +69,34 @@ def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
         reduced_paper_configs(steps=40, eval_every=10)
 
 
-def test_paper_runs_reads_the_recorded_folder_when_it_exists(tmp_path, monkeypatch):
+def _write_paper_folder(root, seeds, truncated=()):
+    """Result files under ``root/results/gpu/paper`` named as the preset's runs of ``seeds``."""
     import json
-    folder = tmp_path / "results" / "gpu" / "paper"
-    folder.mkdir(parents=True)
-    r = run("symmetric", 0, [10], [1.0])
-    (folder / f"{r.name}.json").write_text(json.dumps(r.data))
-    monkeypatch.chdir(tmp_path)
+
+    from gaugebook.experiment import select_runs
+
+    folder = root / "results" / "gpu" / "paper"
+    folder.mkdir(parents=True, exist_ok=True)
+    for cfg in select_runs("paper"):
+        if cfg.seed in seeds:
+            data = dict(run("symmetric", cfg.seed, [10], [1.0]).data, name=cfg.name,
+                        truncated=cfg.name in truncated)
+            (folder / f"{cfg.name}.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_recorded_paper_runs_need_the_whole_preset_complete(tmp_path, monkeypatch):
+    from gaugebook.decision_plots import recorded_paper_runs
+
+    monkeypatch.chdir(tmp_path)  # found before the repository's own results/gpu/paper
+    _write_paper_folder(tmp_path, seeds={0})
+    runs, status = recorded_paper_runs()
+    assert runs is None and status == "7 of the 21 runs recorded (parts seed0), none truncated"
+    _write_paper_folder(tmp_path, seeds={1, 2}, truncated={"adamw-bqv-prelu-s2"})
+    runs, status = recorded_paper_runs()
+    assert runs is None and status.endswith("(parts seed0, seed1, seed2), 1 truncated")
+    _write_paper_folder(tmp_path, seeds={2})
+    runs, status = recorded_paper_runs()
+    assert len(runs) == 21 and status.endswith("none truncated")
     runs, source, seconds = paper_runs()
-    assert source == "gpu" and seconds == 0.0 and [x.name for x in runs] == [r.name]
+    assert source == "gpu" and seconds == 0.0 and len(runs) == 21
