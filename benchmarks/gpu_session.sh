@@ -15,6 +15,7 @@
 #      or 1 decides)                                                   grid_h200.json, grid.log
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
 #      left, skipped with TESTS=0                                       gpu_tests.txt
+# Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
 # Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
 # an interrupted call keeps what finished. Afterwards, here:
 #   tar -xf paper.tar -C results/gpu && git add results/gpu/paper
@@ -46,8 +47,12 @@ print(','.join(plan_parts('$PRESET', 'results/gpu/$PRESET', $WALL)))") \
 fi
 mkdir -p "$OUT" "/tmp/grid/$PRESET"
 echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
-[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
-  > "$OUT/nvidia-smi.csv"
+if [ "$DEVICE" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
+  # the device's busy share and memory every 5 s: host-bound steps show as low utilisation
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
+    > "$OUT/gpu_utilisation.csv" 2>/dev/null &
+fi
 # the result files only: checkpoints (hundreds of MB) and lock files stay on the device
 snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude='*.tmp*' \
   -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
@@ -93,4 +98,5 @@ if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then
     tests/test_gauge.py tests/test_alignment.py tests/test_moe.py > "$OUT/gpu_tests.txt" 2>&1
   echo "tests exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$OUT/gpu_tests.txt")"
 fi
+jobs -p | xargs -r kill 2>/dev/null  # the utilisation log
 echo "call used $(( $(date +%s) - T0 )) of $BUDGET s"
