@@ -1,0 +1,66 @@
+"""The chapters' small training loops in one place: :func:`fit`.
+
+The experiment's trainer (:mod:`gaugebook.training`) adds checkpoints, batching and result files;
+a chapter that trains a small model for a few hundred steps on the CPU needs only the loop, and
+the loop is written here once.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+__all__ = ["fit"]
+
+
+def _gpt_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return model(x, y)[1]  # a GPT returns (logits, mean cross-entropy)
+
+
+def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Iterable,
+        steps: int, *, loss: Callable | None = None,
+        after_step: Callable[[int, torch.nn.Module, object], None] | None = None) -> list[float]:
+    """Train ``model`` in place for ``steps`` optimizer steps; return the loss of each step.
+
+    Step ``t = 0, ..., steps - 1`` takes its batch ``x, y = batches(t)`` (a callable of the step,
+    so that a step's data do not depend on what ran before) or the next item of ``batches`` (an
+    iterable), and calls ``optimizer.step(closure)`` with the closure
+
+    .. math::
+        \\text{zero the gradients}, \\quad L = \\ell(\\theta; x, y), \\quad
+        \\nabla_\\theta L \\text{ by backward}, \\quad \\text{return } L,
+
+    the form every ``torch.optim`` optimizer accepts and :class:`~gaugebook.optim.ECD` needs (it
+    uses the loss as well as the gradient). ``loss(model, x, y)`` is :math:`\\ell` (default
+    ``model(x, y)[1]``, a :class:`~gaugebook.gpt.GPT`'s mean cross-entropy); ``after_step(t,
+    model, optimizer)`` runs after each step, to record what a chapter follows (charges, the
+    path, the parameters).
+    """
+    if type(steps) is not int or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
+        raise TypeError(f"optimizer must have step() and zero_grad(), got "
+                        f"{type(optimizer).__name__}")
+    loss = loss or _gpt_loss
+    stream = None if callable(batches) else iter(batches)
+    losses = []
+    for t in range(steps):
+        try:
+            x, y = batches(t) if stream is None else next(stream)
+        except StopIteration:
+            raise ValueError(f"batches ran out after {t} of {steps} steps") from None
+
+        evaluated = []
+
+        def closure():
+            optimizer.zero_grad()
+            value = loss(model, x, y)
+            value.backward()
+            evaluated.append(value.detach())
+            return value
+
+        value = optimizer.step(closure)  # None from an optimizer that does not return it
+        losses.append(float(evaluated[-1] if value is None else value))
+        if after_step is not None:
+            after_step(t, model, optimizer)
+    return losses

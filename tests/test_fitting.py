@@ -1,0 +1,67 @@
+"""The chapters' training loop (gaugebook.fitting.fit)."""
+import pytest
+import torch
+
+from gaugebook.fitting import fit
+from gaugebook.gpt import GPT, GPTConfig
+from gaugebook.optim import ECD
+
+
+def tiny_gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(16, 8, 1, 2, 8)).double()
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    idx = torch.randint(0, 16, (4, 9), generator=g)
+    return idx[:, :-1], idx[:, 1:]
+
+
+def test_fit_is_the_hand_written_loop():
+    """SGD with momentum through fit equals the plain loop exactly, loss by loss."""
+    model, reference = tiny_gpt(), tiny_gpt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = fit(model, opt, batch, 5)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for t in range(5):
+        x, y = batch(t)
+        ref_opt.zero_grad()
+        value = reference(x, y)[1]
+        value.backward()
+        ref_opt.step()
+        expected.append(value.item())
+    assert losses == expected
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_ecd_an_iterable_a_custom_loss_and_after_step():
+    mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    opt = ECD(mlp.parameters(), lr=0.1, eta=2.0, F0=-1.0)
+    seen = []
+    losses = fit(mlp, opt, [(x, y)] * 3, 3, loss=lambda m, x, y: ((m(x) - y) ** 2).mean(),
+                 after_step=lambda t, m, o: seen.append((t, m is mlp, o.steps)))
+    assert len(losses) == 3 and seen == [(0, True, 1), (1, True, 2), (2, True, 3)]
+
+
+def test_lbfgs_records_the_first_loss_of_its_step():
+    model = torch.nn.Linear(2, 1)
+    x, y = torch.randn(8, 2), torch.randn(8, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=5)
+    losses = fit(model, opt, lambda t: (x, y), 2, loss=lambda m, x, y: ((m(x) - y) ** 2).mean())
+    assert losses[1] < losses[0]
+
+
+def test_bad_arguments_are_refused():
+    model = tiny_gpt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for steps in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            fit(model, opt, batch, steps)
+    with pytest.raises(TypeError, match="step"):
+        fit(model, object(), batch, 1)
+    with pytest.raises(ValueError, match="ran out after 1 of 2"):
+        fit(model, opt, [batch(0)], 2)
