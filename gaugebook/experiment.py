@@ -36,9 +36,9 @@ from gaugebook.run_config import RunConfig, override
 from gaugebook.training import (check_runs, cohorts, optimizer_state_bytes, provenance, train,
                                 train_batched, write_json_atomic)
 
-__all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train", "train_batched",
-           "run_many", "main", "provenance", "write_json_atomic", "optimizer_state_bytes",
-           "PAPER_DECISION"]
+__all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train",
+           "train_batched", "run_many", "main", "provenance", "write_json_atomic",
+           "optimizer_state_bytes", "PAPER_DECISION"]
 
 # Optimizer settings of the `gpu` preset. The paper's code (124M model, 500M tokens): ECD lr 1
 # (dt 0.1), eta 100, F0 2.0; AdamW lr 1e-4; SGDM lr 0.03, momentum 0.95 (Nesterov); SOAP lr 3e-4,
@@ -197,8 +197,8 @@ def plan_parts(preset: str, recorded: Path, wall_s: float, margin: float = 0.9) 
             missing.append(part)
     if not per_part:
         return missing[:1]
-    fit = max(1, int(margin * wall_s // max(per_part)))
-    return missing[:fit]
+    count = max(1, int(margin * wall_s // max(per_part)))
+    return missing[:count]
 
 
 # ----------------------------------------------------------------------------- orchestration
