@@ -20,7 +20,8 @@ def _gpt_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Iterable,
         steps: int, *, loss: Callable | None = None,
         after_step: Callable[[int, torch.nn.Module, object], None] | None = None) -> list[float]:
-    """Train ``model`` in place for ``steps`` optimizer steps; return the loss of each step.
+    """Train ``model`` in place for ``steps`` optimizer steps; return the loss of each step (at
+    the parameters the step starts from).
 
     Step ``t = 0, ..., steps - 1`` takes its batch ``x, y = batches(t)`` (a callable of the step,
     so that a step's data do not depend on what ran before) or the next item of ``batches`` (an
@@ -59,8 +60,8 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
             evaluated.append(value.detach())
             return value
 
-        value = optimizer.step(closure)  # None from an optimizer that does not return it
-        losses.append(float(evaluated[-1] if value is None else value))
+        optimizer.step(closure)
+        losses.append(float(evaluated[0]))  # the loss at the step's start (LBFGS evaluates more)
         if after_step is not None:
             after_step(t, model, optimizer)
     return losses
