@@ -23,6 +23,7 @@ Training and breaking:
 * :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
 * :mod:`~gaugebook.run_config`: what defines one training run, and which runs batch together
 * :mod:`~gaugebook.training`: the trainer: one run, or several as one batched model
+* :mod:`~gaugebook.fitting`: the chapters' short training loop (any optimizer, ECD included)
 * :mod:`~gaugebook.experiment`: the presets and the command-line runner
 * :mod:`~gaugebook.results`: loading and comparing result files at equal steps
 * :mod:`~gaugebook.interpret`: the query-offset factor and key alignment by token category

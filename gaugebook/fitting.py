@@ -42,6 +42,9 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
     if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
         raise TypeError(f"optimizer must have step() and zero_grad(), got "
                         f"{type(optimizer).__name__}")
+    if not callable(batches) and not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be a callable of the step or an iterable of (x, y), got "
+                        f"{type(batches).__name__}")
     loss = loss or _gpt_loss
     stream = None if callable(batches) else iter(batches)
     losses = []

@@ -63,5 +63,7 @@ def test_bad_arguments_are_refused():
             fit(model, opt, batch, steps)
     with pytest.raises(TypeError, match="step"):
         fit(model, object(), batch, 1)
+    with pytest.raises(TypeError, match="batches must be"):
+        fit(model, opt, 3, 1)
     with pytest.raises(ValueError, match="ran out after 1 of 2"):
         fit(model, opt, [batch(0)], 2)
