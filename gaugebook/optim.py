@@ -544,15 +544,13 @@ class ECD(Optimizer):
                 for row in rows:
                     row.div_(speed)
 
-    def _normalise(self, slices, kicks) -> None:
-        """Each buffer ``u [R, n]`` of ``slices = [(u, s), ...]`` holds its part of the velocity
-        divided by ``s`` (a float, or one per member): rescale the moving members to unit speed."""
-        scales = [_as_rows(s, u) for u, s in slices]
-        speed = torch.stack([_dots(u, u) * s.square() for (u, _), s in zip(slices, scales)])
-        speed = speed.sum(0).sqrt()  # [R]
+    def _normalise(self, buffers, kicks) -> None:
+        """Rescale the moving members' rows of the velocity, held in ``buffers`` (``[R, n]``
+        each), to unit speed."""
+        speed = torch.stack([_dots(u, u) for u in buffers]).sum(0).sqrt()  # [R]
         moving = torch.tensor([k != 0 for k in kicks], device=speed.device)
-        for (u, _), s in zip(slices, scales):
-            u.mul_(torch.where(moving, s / speed, 1.0).to(u.dtype).view(-1, 1))
+        for u in buffers:
+            u.mul_(torch.where(moving, 1.0 / speed, 1.0).to(u.dtype).view(-1, 1))
 
     def _update_reference(self, grads, dots, kicks, chaos) -> None:
         """Kick, drift and renormalise, one tensor at a time (the readable path)."""
@@ -569,7 +567,7 @@ class ECD(Optimizer):
                 p_rows = self._rows(p)
                 p_rows.add_(v * self._col([dt if kick else 0.0 for kick in kicks], v))  # drift
                 i += 1
-        self._normalise([(v, 1.0) for v in velocities], kicks)
+        self._normalise(velocities, kicks)
         if chaos > 0:
             self._chaos(chaos, kicks)
 
@@ -587,9 +585,10 @@ class ECD(Optimizer):
             if not kick:
                 continue
             vg, gg, vv = partials[r]["vg"], partials[r]["gg"], partials[r]["vv"]
-            plan, speed = [], 0.0  # per slice: c, the factors a (per parameter or one)
+            plan, speed = [], 0.0  # per slice: dt, c, the factors a (per parameter or one)
             for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
-                c = kick * group["lr"] / sqrt_eta
+                dt = group["lr"] / sqrt_eta
+                c = kick * dt
                 if per_tensor:
                     a = [1 + c * dots[r][j] for j in idx]
                     speed += math.fsum(aj * aj * vv[j] - 2 * aj * c * vg[j] + c * c * gg[j]
@@ -597,10 +596,9 @@ class ECD(Optimizer):
                 else:
                     a = 1 + c * dots[r][0]
                     speed += a * a * vv[s] - 2 * a * c * vg[s] + c * c * gg[s]
-                plan.append((c, a))
+                plan.append((dt, c, a))
             n = math.sqrt(speed)
-            for (c, a), (group, dtype, start, stop, _, _, _, per_member) in zip(plan,
-                                                                               self._layout):
+            for (dt, c, a), (_, dtype, start, stop, *_, per_member) in zip(plan, self._layout):
                 v = self._flat[dtype][r, start:stop]
                 weights, velocities = per_member[r]
                 if per_tensor:
@@ -608,7 +606,6 @@ class ECD(Optimizer):
                 else:
                     v.mul_(a / n)
                 v.add_(grads[dtype][r, start:stop], alpha=-c / n)  # v = (a v - c g)/|v'|
-                dt = group["lr"] / sqrt_eta
                 torch._foreach_add_(weights, velocities, alpha=dt * n)  # drift: dt v'
         if chaos > 0:
             self._chaos(chaos, kicks)
@@ -673,11 +670,6 @@ def _segment_dots(u: torch.Tensor, g: torch.Tensor, sizes: list[int], lengths: t
         u, g = u.float(), g.float()
     sums = torch.segment_reduce((u * g).view(-1), "sum", lengths=lengths, unsafe=True)
     return sums.view(u.shape[0], -1).double()
-
-
-def _as_rows(s, u: torch.Tensor):
-    """Per-member factors ``s`` (a float or a list) as a float64 tensor on ``u``'s device."""
-    return torch.as_tensor(s, dtype=torch.float64, device=u.device)
 
 
 class MultiOptimizer:
