@@ -1,4 +1,5 @@
-"""The chapters' small training loops in one place: :func:`fit`.
+"""The chapters' small training loops in one place: :func:`fit`, and the random-token batches
+(:func:`random_token_batches`) on which the chapters watch an optimizer's conserved quantities.
 
 The experiment's trainer (:mod:`gaugebook.training`) adds checkpoints, batching and result files;
 a chapter that trains a small model for a few hundred steps on the CPU needs only the loop, and
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["fit"]
+__all__ = ["fit", "random_token_batches"]
 
 
 def _gpt_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -68,3 +69,32 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
         if after_step is not None:
             after_step(t, model, optimizer)
     return losses
+
+
+def random_token_batches(vocab_size: int, batch_size: int, block_size: int, *,
+                         seed: int = 0) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of uniformly random tokens for :func:`fit`, as a function of the step.
+
+    Step ``t``'s batch is the ``t``-th draw of ``randint(0, vocab_size, (batch_size, block_size
+    + 1))`` from a generator seeded with ``seed``, split into inputs ``x = idx[:, :-1]`` and
+    next-token targets ``y = idx[:, 1:]`` (both ``[batch_size, block_size]``). Draws are made in
+    step order and kept, so ``batches(t)`` is the same tensor pair whenever it is asked for.
+    Random tokens carry no structure to learn; what a chapter watches on them (charges, balances)
+    follows from the symmetries alone.
+    """
+    for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
+                        ("block_size", block_size)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    generator = torch.Generator().manual_seed(seed)
+    drawn: list[torch.Tensor] = []  # drawn[t]: step t's tokens [batch_size, block_size + 1]
+
+    def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        while len(drawn) <= step:
+            drawn.append(torch.randint(0, vocab_size, (batch_size, block_size + 1),
+                                       generator=generator))
+        return drawn[step][:, :-1], drawn[step][:, 1:]
+
+    return batches

@@ -57,7 +57,7 @@ from gaugebook.lie import float64_parameters, momentum_map, project
 from gaugebook.linalg import DTYPE
 
 __all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
-           "Sectors", "charges", "flow_invariants", "grouped_weights"]
+           "Sectors", "charges", "flow_invariants", "largest_norms", "grouped_weights"]
 
 
 def _T(x: torch.Tensor) -> torch.Tensor:
@@ -163,6 +163,16 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
         mu = _sector(model, path, m, local)
         result[path] = Sectors(antisym(mu.qk), antisym(mu.vo))
     return result
+
+
+def largest_norms(by_layer: Mapping[str, Sectors]) -> tuple[float, float]:
+    """The largest Frobenius norms ``(max |QK|, max |VO|)`` over every layer and key/value group
+    of what :func:`charges` or :func:`flow_invariants` returns: how far from zero a charge is,
+    or how unbalanced the worst head is, in one pair of numbers."""
+    if not by_layer:
+        raise ValueError("no attention layers: by_layer is empty")
+    return (max(s.qk_norm.max().item() for s in by_layer.values()),
+            max(s.vo_norm.max().item() for s in by_layer.values()))
 
 
 def flow_invariants(model: nn.Module) -> dict[str, Sectors]:

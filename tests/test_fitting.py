@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gaugebook.fitting import fit
+from gaugebook.fitting import fit, random_token_batches
 from gaugebook.gpt import GPT, GPTConfig
 from gaugebook.optim import ECD
 
@@ -67,3 +67,21 @@ def test_bad_arguments_are_refused():
         fit(model, opt, 3, 1)
     with pytest.raises(ValueError, match="ran out after 1 of 2"):
         fit(model, opt, [batch(0)], 2)
+
+
+def test_random_token_batches_are_the_draws_in_step_order_whatever_the_order_asked():
+    """Step t's batch is the t-th draw of the seeded generator, split into inputs and next-token
+    targets, and asking for steps out of order (or twice) returns the same tensors."""
+    batches = random_token_batches(32, 4, 8, seed=1)
+    late = batches(2)
+    first, again = batches(0), batches(2)
+    generator = torch.Generator().manual_seed(1)
+    draws = [torch.randint(0, 32, (4, 9), generator=generator) for _ in range(3)]
+    assert torch.equal(first[0], draws[0][:, :-1]) and torch.equal(first[1], draws[0][:, 1:])
+    assert torch.equal(late[0], draws[2][:, :-1]) and torch.equal(again[1], late[1])
+    assert late[0].shape == late[1].shape == (4, 8) and int(late[0].max()) < 32
+    assert not torch.equal(random_token_batches(32, 4, 8, seed=2)(0)[0], first[0])
+    with pytest.raises(ValueError, match="vocab_size must be a positive integer"):
+        random_token_batches(0, 4, 8)
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        batches(-1)

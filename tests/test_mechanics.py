@@ -4,8 +4,8 @@ import torch
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gpt import GPT, GPTConfig
-from gaugebook.mechanics import Sectors, antisym, charges, flow_invariants, qk_charge, \
-    qk_flow_invariant, vo_charge, vo_flow_invariant
+from gaugebook.mechanics import Sectors, antisym, charges, flow_invariants, largest_norms, \
+    qk_charge, qk_flow_invariant, vo_charge, vo_flow_invariant
 
 F64 = torch.float64
 D, DK = 5, 3
@@ -272,6 +272,17 @@ def test_model_level_charges_sum_heads_of_a_group_and_include_biases():
     assert J.qk_norm.shape == J.vo_norm.shape == (2,)
     # a sequence aligned with parameters() gives the same charges
     assert torch.equal(charges(a, list(p.values()))[""].qk, J.qk)
+
+
+def test_largest_norms_take_the_worst_group_of_the_worst_layer():
+    """Two layers whose largest QK and VO norms sit in different layers and groups."""
+    eye = torch.eye(2, dtype=F64)
+    by_layer = {"a": Sectors(torch.stack([eye, 5 * eye]), torch.stack([eye, eye])),
+                "b": Sectors(torch.stack([2 * eye, eye]), torch.stack([eye, 7 * eye]))}
+    qk, vo = largest_norms(by_layer)
+    assert qk == pytest.approx(5 * 2 ** 0.5) and vo == pytest.approx(7 * 2 ** 0.5)
+    with pytest.raises(ValueError, match="no attention layers"):
+        largest_norms({})
 
 
 def test_charges_validate_their_input():
