@@ -120,6 +120,27 @@ def test_bad_ecd_projection_settings_name_the_fix():
                                                                 partition="gpt2"))
 
 
+def test_paper_cpu_preset_is_the_protocol_on_the_smoke_model_at_twenty_initial_norms():
+    """Same runs, arms and settings as `paper` but the model and horizon; each seed's ECD path
+    (steps x dt) is at least 20 of its model's initial parameter norms."""
+    from gaugebook.data import DefaultCorpus
+    from gaugebook.gpt import GPT
+
+    paper, cpu = select_runs("paper"), select_runs("paper-cpu")
+    assert [r.name for r in cpu] == [r.name for r in paper]
+    for p, c in zip(paper, cpu):
+        assert (c.optimizer_hp, c.mu_v, c.prelu_init, c.seed) == (p.optimizer_hp, p.mu_v,
+                                                                  p.prelu_init, p.seed)
+        assert (c.n_layer, c.n_embd, c.block_size, c.steps, c.eval_every) == (2, 32, 32, 5000,
+                                                                              100)
+        if c.optimizer == "ecd":
+            torch.manual_seed(c.seed)  # the trainer's first draw: the model's initialisation
+            model = GPT(c.model_config(DefaultCorpus(seed=c.seed).vocab_size))
+            init_norm = torch.cat([q.detach().flatten() for q in model.parameters()]).norm()
+            dt = c.optimizer_hp["lr"] / c.optimizer_hp["eta"] ** 0.5
+            assert c.steps * dt >= 20 * init_norm
+
+
 def test_paper_preset_is_the_registered_protocol():
     runs = select_runs("paper")
     assert len(runs) == 21 and len({r.name for r in runs}) == 21
