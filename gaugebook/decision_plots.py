@@ -1,5 +1,6 @@
 """The decisive experiment (preset ``paper``) read from its result files: seed bands, the
-decision table, and a reduced CPU stand-in while the GPU results are pending.
+decision table, and CPU stand-ins while the GPU results are pending (a reduced run trained live,
+and the recorded preset ``paper-cpu``: the same runs on a toy model at the paper's horizon).
 
 The pre-registered rule itself lives in :func:`gaugebook.results.decide`; this module only
 feeds it and draws what it decides on. A *seed band* of an arm and a symmetry at step :math:`t`
@@ -21,12 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from gaugebook.plots import PALETTE
-from gaugebook.results import Decision, Run, Table, common_steps, find_results, load_runs
+from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table,
+                               common_steps, find_results, load_runs)
 
-__all__ = ["PAPER_RESULTS", "reduced_paper_configs", "recorded_paper_runs", "paper_runs",
-           "seed_band", "path_ratio", "band_panels", "decision_table"]
+__all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs", "paper_runs",
+           "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
+           "decision_table"]
 
 PAPER_RESULTS = "results/gpu/paper"
+#: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
+RECORDED_PRESETS = {"paper": PAPER_RESULTS, "paper-cpu": "results/cpu/paper-cpu"}
 SYMMETRY_COLOR = {"symmetric": PALETTE[0], "bq": PALETTE[1], "bqv": PALETTE[3]}
 
 
@@ -43,16 +48,21 @@ def reduced_paper_configs(steps: int = 60, eval_every: int = 10) -> list:
             for c in select_runs("paper-smoke")]
 
 
-def recorded_paper_runs(*, extra_roots=()) -> tuple[list[Run] | None, str]:
-    """``(runs, status)``: the runs of ``results/gpu/paper`` when it holds every run of the
-    preset ``paper``, none truncated; otherwise ``runs = None`` (a call of the GPU script adds
-    one or two parts at a time, and a truncated run does not enter the rule). ``status`` says
-    what is recorded, e.g. ``"7 of the 21 runs recorded (parts seed0), none truncated"``."""
+def recorded_paper_runs(preset: str = "paper", *,
+                        extra_roots=()) -> tuple[list[Run] | None, str]:
+    """``(runs, status)``: the runs of ``preset``'s folder (:data:`RECORDED_PRESETS`;
+    ``results/gpu/paper`` for ``paper``) when it holds every run of the preset, none truncated;
+    otherwise ``runs = None`` (a call of the GPU script adds one or two parts at a time, and a
+    truncated run does not enter the rule). ``status`` says what is recorded, e.g. ``"7 of the
+    21 runs recorded (parts seed0), none truncated"``."""
     from gaugebook.experiment import presets
 
-    part_of = {cfg.name: part for part, runs in presets()["paper"].items() for cfg in runs}
+    if preset not in RECORDED_PRESETS:
+        raise ValueError(f"no recorded folder for preset {preset!r}; recorded presets: "
+                         f"{sorted(RECORDED_PRESETS)}")
+    part_of = {cfg.name: part for part, runs in presets()[preset].items() for cfg in runs}
     try:
-        runs = load_runs(find_results(PAPER_RESULTS, extra_roots=extra_roots))
+        runs = load_runs(find_results(RECORDED_PRESETS[preset], extra_roots=extra_roots))
     except FileNotFoundError:
         return None, f"none of the {len(part_of)} runs recorded"
     ours = [r for r in runs if r.name in part_of]
@@ -154,6 +164,55 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
         ax.set_title(arm)
     for ax in axes[-1]:
         ax.set_xlabel("step")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def paired_deltas(runs: list[Run], arm: str, symmetry: str, key: str = "val_loss", *,
+                  baseline: str = "symmetric") -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``{seed: (steps, delta)}``: broken minus ``baseline`` of ``history[key]`` for ``arm``,
+    paired by seed as the rule pairs them, at the steps both runs of the pair recorded:
+    :math:`\\Delta_s(t) = L^{\\text{broken}}_s(t) - L^{\\text{baseline}}_s(t)`. The rule's
+    statistic is the mean of the last :data:`~gaugebook.results.LAST_EVALUATIONS` of them."""
+    broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
+    base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
+    if not broken or set(broken) != set(base):
+        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
+                         f"{sorted(base)} do not pair")
+    out = {}
+    for seed in sorted(broken):
+        pair = [broken[seed], base[seed]]
+        steps = common_steps(pair)
+        out[seed] = (np.asarray(steps), np.asarray([pair[0].at(t, key) - pair[1].at(t, key)
+                                                    for t in steps]))
+    return out
+
+
+def delta_panels(runs: list[Run], *, title: str | None = None):
+    """One panel per (arm, broken symmetry) present in ``runs``: the paired difference
+    :func:`paired_deltas` of the validation loss against step, one line per seed; the rule's
+    threshold (mean :math:`\\Delta` below ``HELPS_BELOW``) dashed and the window of its
+    statistic (the last evaluations) shaded. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != "symmetric"})
+    if not pairs:
+        raise ValueError("no broken runs: nothing to pair with the symmetric ones")
+    fig, axes = plt.subplots(1, len(pairs), figsize=(3.3 * len(pairs), 2.9), sharey=True,
+                             squeeze=False)
+    for ax, (arm, symmetry) in zip(axes[0], pairs):
+        for (seed, (steps, delta)), colour in zip(paired_deltas(runs, arm, symmetry).items(),
+                                                  PALETTE):
+            ax.plot(steps, delta, color=colour, lw=1, label=f"seed {seed}")
+        window = steps[-LAST_EVALUATIONS:]
+        ax.axvspan(window[0], window[-1], color="0.85", zorder=0)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.axhline(HELPS_BELOW, color="black", lw=0.8, ls="--")
+        ax.set(title=f"{arm}, {symmetry}", xlabel="step")
+    axes[0][0].set_ylabel("Δ validation loss\n(broken − symmetric)")
+    axes[0][0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -6,8 +6,9 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gaugebook.decision_plots import (band_panels, decision_table, path_ratio,  # noqa: E402
-                                      paper_runs, reduced_paper_configs, seed_band)
+from gaugebook.decision_plots import (band_panels, decision_table, delta_panels,  # noqa: E402
+                                      paired_deltas, path_ratio, paper_runs,
+                                      reduced_paper_configs, seed_band)
 from gaugebook.results import Run, decide  # noqa: E402
 
 
@@ -61,6 +62,25 @@ def test_decision_table_and_panels():
     assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
 
 
+def test_paired_deltas_pair_by_seed_at_shared_steps_and_panels_draw_them():
+    runs = [run("symmetric", 0, [10, 20, 30], [3.0, 2.0, 1.0]),
+            run("bq", 0, [10, 20], [2.5, 2.25]),
+            run("symmetric", 1, [10, 20], [4.0, 4.0]), run("bq", 1, [10, 20], [4.5, 3.0])]
+    deltas = paired_deltas(runs, "ecd-pt", "bq")
+    assert list(deltas) == [0, 1]
+    assert deltas[0][0].tolist() == [10, 20] and deltas[0][1].tolist() == [-0.5, 0.25]
+    assert deltas[1][1].tolist() == [0.5, -1.0]
+    fig = delta_panels(runs)
+    ax = fig.axes[0]
+    assert ax.get_title() == "ecd-pt, bq" and ax.get_legend_handles_labels()[1] == ["seed 0",
+                                                                                  "seed 1"]
+    assert ax.lines[1].get_ydata().tolist() == [0.5, -1.0]
+    with pytest.raises(ValueError, match="do not pair"):
+        paired_deltas(runs[:3], "ecd-pt", "bq")
+    with pytest.raises(ValueError, match="no broken runs"):
+        delta_panels([runs[0]])
+
+
 def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
     cfgs = reduced_paper_configs(steps=50, eval_every=10)
     assert len(cfgs) == 21 and {c.seed for c in cfgs} == {0, 1, 2}
@@ -69,15 +89,17 @@ def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
         reduced_paper_configs(steps=40, eval_every=10)
 
 
-def _write_paper_folder(root, seeds, truncated=()):
-    """Result files under ``root/results/gpu/paper`` named as the preset's runs of ``seeds``."""
+def _write_paper_folder(root, seeds, truncated=(), preset="paper"):
+    """Result files in ``preset``'s recorded folder under ``root`` (``results/gpu/paper``),
+    named as the preset's runs of ``seeds``."""
     import json
 
+    from gaugebook.decision_plots import RECORDED_PRESETS
     from gaugebook.experiment import select_runs
 
-    folder = root / "results" / "gpu" / "paper"
+    folder = root / RECORDED_PRESETS[preset]
     folder.mkdir(parents=True, exist_ok=True)
-    for cfg in select_runs("paper"):
+    for cfg in select_runs(preset):
         if cfg.seed in seeds:
             data = dict(run("symmetric", cfg.seed, [10], [1.0]).data, name=cfg.name,
                         truncated=cfg.name in truncated)
@@ -100,3 +122,18 @@ def test_recorded_paper_runs_need_the_whole_preset_complete(tmp_path, monkeypatc
     assert len(runs) == 21 and status.endswith("none truncated")
     runs, source, seconds = paper_runs()
     assert source == "gpu" and seconds == 0.0 and len(runs) == 21
+
+
+def test_recorded_cpu_preset_is_read_from_its_own_folder(tmp_path, monkeypatch):
+    from gaugebook.decision_plots import recorded_paper_runs
+
+    monkeypatch.chdir(tmp_path)
+    _write_paper_folder(tmp_path, seeds={0, 1}, preset="paper-cpu")
+    runs, status = recorded_paper_runs("paper-cpu")
+    assert runs is None and status.startswith("14 of the 21 runs recorded (parts seed0, seed1)")
+    _write_paper_folder(tmp_path, seeds={2}, preset="paper-cpu")
+    runs, _ = recorded_paper_runs("paper-cpu")
+    assert len(runs) == 21
+    assert recorded_paper_runs("paper")[0] is None  # the GPU folder is another one
+    with pytest.raises(ValueError, match="recorded presets: \\['paper', 'paper-cpu'\\]"):
+        recorded_paper_runs("paper-smoke")
