@@ -191,18 +191,22 @@ def paired_deltas(runs: list[Run], arm: str, symmetry: str, key: str = "val_loss
 
 
 def delta_panels(runs: list[Run], *, title: str | None = None):
-    """One panel per (arm, broken symmetry) present in ``runs``: the paired difference
-    :func:`paired_deltas` of the validation loss against step, one line per seed; the rule's
-    threshold (mean :math:`\\Delta` below ``HELPS_BELOW``) dashed and the window of its
-    statistic (the last evaluations) shaded. Returns the figure."""
+    """One panel per (arm, broken symmetry) present in ``runs``, ECD's pairs first (the rule
+    decides on them) and two to a row: the paired difference :func:`paired_deltas` of the
+    validation loss against step, one line per seed; the rule's threshold (mean
+    :math:`\\Delta` below ``HELPS_BELOW``) dashed and the window of its statistic (the last
+    evaluations) shaded. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != "symmetric"})
+    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != "symmetric"},
+                   key=lambda pair: (not pair[0].startswith("ecd"), pair))
     if not pairs:
         raise ValueError("no broken runs: nothing to pair with the symmetric ones")
-    fig, axes = plt.subplots(1, len(pairs), figsize=(3.3 * len(pairs), 2.9), sharey=True,
-                             squeeze=False)
-    for ax, (arm, symmetry) in zip(axes[0], pairs):
+    n_cols = min(2, len(pairs))
+    n_rows = -(-len(pairs) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.8 * n_cols, 2.7 * n_rows), sharex=True,
+                             sharey=True, squeeze=False)
+    for ax, (arm, symmetry) in zip(axes.flat, pairs):
         for (seed, (steps, delta)), colour in zip(paired_deltas(runs, arm, symmetry).items(),
                                                   PALETTE):
             ax.plot(steps, delta, color=colour, lw=1, label=f"seed {seed}")
@@ -210,9 +214,14 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
         ax.axvspan(window[0], window[-1], color="0.85", zorder=0)
         ax.axhline(0, color="black", lw=0.8)
         ax.axhline(HELPS_BELOW, color="black", lw=0.8, ls="--")
-        ax.set(title=f"{arm}, {symmetry}", xlabel="step")
-    axes[0][0].set_ylabel("Δ validation loss\n(broken − symmetric)")
-    axes[0][0].legend(fontsize=7)
+        ax.set_title(f"{arm}, {symmetry}")
+    for ax in axes.flat[len(pairs):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("Δ validation loss")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    axes[0, 0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
