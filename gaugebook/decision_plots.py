@@ -175,7 +175,7 @@ def paired_deltas(runs: list[Run], arm: str, symmetry: str, key: str = "val_loss
     """``{seed: (steps, delta)}``: broken minus ``baseline`` of ``history[key]`` for ``arm``,
     paired by seed as the rule pairs them, at the steps both runs of the pair recorded:
     :math:`\\Delta_s(t) = L^{\\text{broken}}_s(t) - L^{\\text{baseline}}_s(t)`. The rule's
-    statistic is the mean of the last :data:`~gaugebook.results.LAST_EVALUATIONS` of them."""
+    statistic is the mean of the last ``LAST_EVALUATIONS`` (5) of them."""
     broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
     base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
     if not broken or set(broken) != set(base):
