@@ -281,16 +281,17 @@ def test_cells_as_on_the_page(page):
 # --- what a Colab runtime gets without a checkout ------------------------------------------------
 
 def test_recorded_results_ship_in_the_wheel(tmp_path):
-    """The wheel (what the install cell installs) carries results/ and benchmarks/results/ as
-    gaugebook/_recorded/, byte for byte."""
+    """The wheel (what the install cell installs) carries results/ (GPU and CPU runs) and
+    benchmarks/results/ as gaugebook/_recorded/, byte for byte."""
     import subprocess
     import zipfile
 
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path), str(ROOT)], check=True, cwd=tmp_path)
     (wheel,) = tmp_path.glob("gaugebook-*.whl")
-    recorded = sorted([*ROOT.glob("results/gpu/*/*.json"), *ROOT.glob("benchmarks/results/*.json")])
-    assert len(recorded) >= 17
+    recorded = sorted([*ROOT.glob("results/gpu/*/*.json"), *ROOT.glob("results/cpu/*/*.json"),
+                       *ROOT.glob("benchmarks/results/*.json")])
+    assert len(recorded) >= 17 + 21
     with zipfile.ZipFile(wheel) as z:
         shipped = {n for n in z.namelist() if n.startswith("gaugebook/_recorded/")}
         inside = {f"gaugebook/_recorded/{p.relative_to(ROOT).as_posix()}": p for p in recorded}
