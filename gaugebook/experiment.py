@@ -109,13 +109,14 @@ def _paper_parts(base: dict) -> dict[str, list[RunConfig]]:
             for seed in range(3)}
 
 
-def _paper_lr_parts() -> dict[str, list[RunConfig]]:
-    """AdamW on the `paper` model at four learning rates, symmetric and bqv, seed 0: the sweep
-    behind ``PAPER_ADAMW_LR`` (on a CPU: ``--set steps=... --set compile=false``)."""
+def _paper_lr_parts(base: dict) -> dict[str, list[RunConfig]]:
+    """AdamW on the model of ``base`` at four learning rates, symmetric and bqv, seed 0: the
+    sweep behind ``PAPER_ADAMW_LR`` (`paper-lr`; on a CPU: ``--set steps=... --set
+    compile=false``), and on the toy model of `paper-cpu` (`paper-cpu-lr`)."""
     adamw = next(hp for o, _, hp, _ in PAPER_ARMS if o == "adamw")
     return {"adamw": [RunConfig(optimizer="adamw", symmetry=s, seed=0, tag=f"lr={lr:g}",
                                 optimizer_hp=dict(adamw, lr=lr), mu_v=0.5 if s == "bqv" else 0.0,
-                                **PAPER)
+                                **base)
                       for s in ("symmetric", "bqv") for lr in (1e-4, 3e-4, 1e-3, 3e-3)]}
 
 
@@ -156,7 +157,8 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
         "paper": _paper_parts(PAPER),
         "paper-smoke": _paper_parts(PAPER_SMOKE),
         "paper-cpu": _paper_parts(PAPER_CPU),
-        "paper-lr": _paper_lr_parts(),
+        "paper-lr": _paper_lr_parts(PAPER),
+        "paper-cpu-lr": _paper_lr_parts(PAPER_CPU),
     }
 
 

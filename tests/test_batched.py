@@ -141,6 +141,21 @@ def test_paper_cpu_preset_is_the_protocol_on_the_smoke_model_at_twenty_initial_n
             assert c.steps * dt >= 20 * init_norm
 
 
+def test_the_adamw_sweeps_differ_only_in_the_model():
+    """`paper-cpu-lr` is `paper-lr` (AdamW at four learning rates, symmetric and bqv, seed 0) on
+    the toy model of `paper-cpu`."""
+    sweep, toy = select_runs("paper-lr"), select_runs("paper-cpu-lr")
+    assert [r.name for r in toy] == [r.name for r in sweep] and len(toy) == 8
+    assert sorted({r.optimizer_hp["lr"] for r in toy}) == [1e-4, 3e-4, 1e-3, 3e-3]
+    model = ("n_layer", "n_head", "n_embd", "block_size", "steps", "eval_every", "eval_batches",
+             "probe_instances", "checkpoint_every", "autocast_bf16", "compile")
+    reference = select_runs("paper-cpu")[0]
+    for s, t in zip(sweep, toy):
+        assert {k: getattr(t, k) for k in model} == {k: getattr(reference, k) for k in model}
+        assert (t.optimizer_hp, t.symmetry, t.mu_v, t.seed) == (s.optimizer_hp, s.symmetry,
+                                                                s.mu_v, s.seed)
+
+
 def test_paper_preset_is_the_registered_protocol():
     runs = select_runs("paper")
     assert len(runs) == 21 and len({r.name for r in runs}) == 21
