@@ -23,10 +23,10 @@ import numpy as np
 
 from gaugebook.plots import PALETTE
 from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table,
-                               common_steps, find_results, load_runs)
+                               common_steps, find_results, load_runs, pairs_by_seed)
 
-__all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs", "paper_runs",
-           "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
+__all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
+           "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
            "decision_table"]
 
 PAPER_RESULTS = "results/gpu/paper"
@@ -173,19 +173,14 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
 def paired_deltas(runs: list[Run], arm: str, symmetry: str, key: str = "val_loss", *,
                   baseline: str = "symmetric") -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """``{seed: (steps, delta)}``: broken minus ``baseline`` of ``history[key]`` for ``arm``,
-    paired by seed as the rule pairs them, at the steps both runs of the pair recorded:
+    paired by seed as the rule pairs them (:func:`~gaugebook.results.pairs_by_seed`), at the
+    steps both runs of the pair recorded:
     :math:`\\Delta_s(t) = L^{\\text{broken}}_s(t) - L^{\\text{baseline}}_s(t)`. The rule's
     statistic is the mean of the last ``LAST_EVALUATIONS`` (5) of them."""
-    broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
-    base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
-    if not broken or set(broken) != set(base):
-        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
-                         f"{sorted(base)} do not pair")
     out = {}
-    for seed in sorted(broken):
-        pair = [broken[seed], base[seed]]
-        steps = common_steps(pair)
-        out[seed] = (np.asarray(steps), np.asarray([pair[0].at(t, key) - pair[1].at(t, key)
+    for seed, (broken, base) in pairs_by_seed(runs, arm, symmetry, baseline=baseline).items():
+        steps = common_steps([broken, base])
+        out[seed] = (np.asarray(steps), np.asarray([broken.at(t, key) - base.at(t, key)
                                                     for t in steps]))
     return out
 

@@ -25,7 +25,8 @@ import numpy as np
 
 __all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
            "seed_summary", "provenance_summary", "Table", "effects_table", "final_statistic",
-           "Decision", "decide", "decisions", "Correlation", "rank_correlation", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "Decision", "pairs_by_seed", "decide", "decisions", "Correlation", "rank_correlation",
+           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -290,6 +291,19 @@ class Decision:
                 f"{per_seed})")
 
 
+def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
+                  baseline: str = "symmetric") -> dict[int, tuple[Run, Run]]:
+    """``{seed: (broken, baseline run)}`` for ``arm``: the pairs the pre-registered rule compares,
+    sorted by seed; ValueError unless every seed of ``symmetry`` has its ``baseline`` partner and
+    the other way round."""
+    broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
+    base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
+    if not broken or set(broken) != set(base):
+        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
+                         f"{sorted(base)} do not pair")
+    return {seed: (broken[seed], base[seed]) for seed in sorted(broken)}
+
+
 def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",
            last: int = LAST_EVALUATIONS) -> Decision:
     """Apply the pre-registered rule to ``arm`` (e.g. ``"ecd-pt"``), ``symmetry`` against
@@ -298,20 +312,15 @@ def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetr
     interval)."""
     from scipy import stats
 
-    def by_seed(sym):
-        return {r.seed: r for r in runs if r.arm == arm and r.symmetry == sym}
-
-    broken, base = by_seed(symmetry), by_seed(baseline)
-    cut = sorted(r.name for r in [*broken.values(), *base.values()] if r.data.get("truncated"))
+    cut = sorted(r.name for r in runs if r.arm == arm and r.symmetry in (symmetry, baseline)
+                 and r.data.get("truncated"))
     if cut:
         raise ValueError(f"the rule decides on complete runs only; truncated: {cut} (rerun them)")
-    if not broken or set(broken) != set(base):
-        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
-                         f"{sorted(base)} do not pair")
-    if len(broken) < 2:
+    pairs = pairs_by_seed(runs, arm, symmetry, baseline=baseline)
+    if len(pairs) < 2:
         raise ValueError(f"{arm}, {symmetry}: one seed gives no interval; the rule needs >= 2")
-    deltas = {s: final_statistic(broken[s], last) - final_statistic(base[s], last)
-              for s in sorted(broken)}
+    deltas = {s: final_statistic(broken, last) - final_statistic(base, last)
+              for s, (broken, base) in pairs.items()}
     values = np.array(list(deltas.values()))
     mean, n = float(values.mean()), len(values)
     half = float(stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n))

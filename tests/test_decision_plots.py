@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 from gaugebook.decision_plots import (band_panels, decision_table, delta_panels,  # noqa: E402
                                       paired_deltas, path_ratio, paper_runs,
                                       reduced_paper_configs, seed_band)
-from gaugebook.results import Run, decide  # noqa: E402
+from gaugebook.results import Run, decide, pairs_by_seed  # noqa: E402
 
 
 def run(symmetry, seed, steps, losses, *, tag="pt", path=None, init_norm=10.0):
@@ -66,6 +66,9 @@ def test_paired_deltas_pair_by_seed_at_shared_steps_and_panels_draw_them():
     runs = [run("symmetric", 0, [10, 20, 30], [3.0, 2.0, 1.0]),
             run("bq", 0, [10, 20], [2.5, 2.25]),
             run("symmetric", 1, [10, 20], [4.0, 4.0]), run("bq", 1, [10, 20], [4.5, 3.0])]
+    pairs = pairs_by_seed(runs, "ecd-pt", "bq")
+    assert {seed: (b.symmetry, s.symmetry, b.seed, s.seed) for seed, (b, s) in pairs.items()} \
+        == {0: ("bq", "symmetric", 0, 0), 1: ("bq", "symmetric", 1, 1)}
     deltas = paired_deltas(runs, "ecd-pt", "bq")
     assert list(deltas) == [0, 1]
     assert deltas[0][0].tolist() == [10, 20] and deltas[0][1].tolist() == [-0.5, 0.25]
