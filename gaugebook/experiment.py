@@ -109,15 +109,21 @@ def _paper_parts(base: dict) -> dict[str, list[RunConfig]]:
             for seed in range(3)}
 
 
-def _paper_lr_parts(base: dict) -> dict[str, list[RunConfig]]:
-    """AdamW on the model of ``base`` at four learning rates, symmetric and bqv, seed 0: the
-    sweep behind ``PAPER_ADAMW_LR`` (`paper-lr`; on a CPU: ``--set steps=... --set
-    compile=false``), and on the toy model of `paper-cpu` (`paper-cpu-lr`)."""
-    adamw = next(hp for o, _, hp, _ in PAPER_ARMS if o == "adamw")
-    return {"adamw": [RunConfig(optimizer="adamw", symmetry=s, seed=0, tag=f"lr={lr:g}",
-                                optimizer_hp=dict(adamw, lr=lr), mu_v=0.5 if s == "bqv" else 0.0,
-                                **base)
-                      for s in ("symmetric", "bqv") for lr in (1e-4, 3e-4, 1e-3, 3e-3)]}
+def _paper_lr_parts(base: dict, adamw_rates=(1e-4, 3e-4, 1e-3, 3e-3),
+                    ecd_rates=()) -> dict[str, list[RunConfig]]:
+    """AdamW on the model of ``base`` at ``adamw_rates``, and per-tensor ECD at ``ecd_rates``
+    (``dt = lr / sqrt(eta)``; part ``ecd`` when any), symmetric and bqv, seed 0, every other
+    setting as in ``PAPER_ARMS``: the sweep behind ``PAPER_ADAMW_LR`` (`paper-lr`; on a CPU:
+    ``--set steps=... --set compile=false``), and on the toy model of `paper-cpu`
+    (`paper-cpu-lr`, with higher AdamW rates and ECD's own sweep)."""
+    arms = {(o, tag): hp for o, tag, hp, _ in PAPER_ARMS}
+    sweeps = {"adamw": (arms["adamw", ""], "lr={:g}", adamw_rates),
+              "ecd": (arms["ecd", "pt"], "pt-lr={:g}", ecd_rates)}
+    return {optimizer: [RunConfig(optimizer=optimizer, symmetry=s, seed=0, tag=tag.format(lr),
+                                  optimizer_hp=dict(hp, lr=lr),
+                                  mu_v=0.5 if s == "bqv" else 0.0, **base)
+                        for s in ("symmetric", "bqv") for lr in rates]
+            for optimizer, (hp, tag, rates) in sweeps.items() if rates}
 
 
 def _runs(base: dict, optimizers, symmetries, activations, seeds, hp=HP) -> list[RunConfig]:
@@ -158,7 +164,8 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
         "paper-smoke": _paper_parts(PAPER_SMOKE),
         "paper-cpu": _paper_parts(PAPER_CPU),
         "paper-lr": _paper_lr_parts(PAPER),
-        "paper-cpu-lr": _paper_lr_parts(PAPER_CPU),
+        "paper-cpu-lr": _paper_lr_parts(PAPER_CPU, (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+                                        ecd_rates=(0.3, 3.0, 10.0)),
     }
 
 

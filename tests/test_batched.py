@@ -141,19 +141,28 @@ def test_paper_cpu_preset_is_the_protocol_on_the_smoke_model_at_twenty_initial_n
             assert c.steps * dt >= 20 * init_norm
 
 
-def test_the_adamw_sweeps_differ_only_in_the_model():
-    """`paper-cpu-lr` is `paper-lr` (AdamW at four learning rates, symmetric and bqv, seed 0) on
-    the toy model of `paper-cpu`."""
-    sweep, toy = select_runs("paper-lr"), select_runs("paper-cpu-lr")
-    assert [r.name for r in toy] == [r.name for r in sweep] and len(toy) == 8
-    assert sorted({r.optimizer_hp["lr"] for r in toy}) == [1e-4, 3e-4, 1e-3, 3e-3]
+def test_the_toy_sweep_extends_the_gpu_sweep_on_the_toy_model():
+    """`paper-cpu-lr` holds the runs of `paper-lr` (AdamW at four learning rates, symmetric and
+    bqv, seed 0) on the toy model of `paper-cpu`, two higher AdamW rates, and per-tensor ECD at
+    three rates with the paper's other ECD settings."""
+    sweep, toy = select_runs("paper-lr"), {r.name: r for r in select_runs("paper-cpu-lr")}
+    assert len(sweep) == 8 and len(toy) == 18
     model = ("n_layer", "n_head", "n_embd", "block_size", "steps", "eval_every", "eval_batches",
-             "probe_instances", "checkpoint_every", "autocast_bf16", "compile")
+             "probe_instances", "checkpoint_every", "autocast_bf16", "compile", "prelu_init")
     reference = select_runs("paper-cpu")[0]
-    for s, t in zip(sweep, toy):
+    for t in toy.values():
         assert {k: getattr(t, k) for k in model} == {k: getattr(reference, k) for k in model}
-        assert (t.optimizer_hp, t.symmetry, t.mu_v, t.seed) == (s.optimizer_hp, s.symmetry,
-                                                                s.mu_v, s.seed)
+        assert t.seed == 0 and t.mu_v == (0.5 if t.symmetry == "bqv" else 0.0)
+    for s in sweep:
+        t = toy[s.name]
+        assert (t.optimizer_hp, t.symmetry, t.mu_v) == (s.optimizer_hp, s.symmetry, s.mu_v)
+    rates = {o: sorted({t.optimizer_hp["lr"] for t in toy.values() if t.optimizer == o})
+             for o in ("adamw", "ecd")}
+    assert rates == {"adamw": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2], "ecd": [0.3, 3.0, 10.0]}
+    paper_ecd = next(r for r in select_runs("paper-cpu", "seed0") if r.tag == "pt")
+    for t in toy.values():
+        if t.optimizer == "ecd":
+            assert dict(t.optimizer_hp, lr=1.0) == paper_ecd.optimizer_hp
 
 
 def test_paper_preset_is_the_registered_protocol():
