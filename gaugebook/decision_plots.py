@@ -15,6 +15,7 @@ is the mean :math:`\\bar L(t) = \\frac1S \\sum_s L_s(t)` over the ``S`` seeds to
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +24,12 @@ import numpy as np
 
 from gaugebook.plots import PALETTE
 from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table,
-                               common_steps, find_results, load_runs, pairs_by_seed)
+                               common_steps, final_statistic, find_results, load_runs,
+                               pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
            "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
-           "decision_table"]
+           "decision_table", "sweep_statistics", "sweep_panels"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
@@ -232,3 +234,64 @@ def decision_table(decisions: list[Decision], *, caption: str | None = None) -> 
              "helps" if d.helps else "no"] for d in decisions]
     return Table(["arm", "broken", *(f"Δ seed {s}" for s in seeds), "mean Δ",
                   "95% t-interval", "rule"], rows, caption=caption)
+
+
+def sweep_statistics(runs: list[Run]) -> dict[tuple[str, float, str], float]:
+    """``{(arm, lr, symmetry): statistic}`` of a learning-rate sweep at one seed: the rule's
+    statistic (:func:`~gaugebook.results.final_statistic`) of each run, keyed by its arm
+    without the sweep's tag (``adamw-lr=0.001`` is ``adamw``, ``ecd-pt-lr=3`` is ``ecd-pt``),
+    its learning rate and its symmetry. ValueError when two runs share a key (two seeds)."""
+    out = {}
+    for run in runs:
+        key = (re.sub(r"-?lr=[^-]+$", "", run.arm), float(run["config"]["optimizer_hp"]["lr"]),
+               run.symmetry)
+        if key in out:
+            raise ValueError(f"two runs of {key}: a sweep holds one run per setting")
+        out[key] = final_statistic(run)
+    return out
+
+
+def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.6,
+                 title: str | None = None):
+    """One panel per arm of :func:`sweep_statistics` swept over more than one learning rate:
+    the statistic against the learning rate (log axis), one line per symmetry, and dashed, the
+    best symmetric statistic of each other arm, so that the gap between optimizers at their
+    best reads off the panel. The value axis spans ``span`` above the best statistic; a
+    setting beyond it (one that trained badly or diverged) is a triangle on the upper edge.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    arms = sorted({a for a, _, _ in stats})
+    swept = [a for a in arms if len({lr for b, lr, _ in stats if b == a}) > 1]
+    if not swept:
+        raise ValueError("no arm was trained at more than one learning rate")
+    best = {a: min(v for (b, _, s), v in stats.items() if b == a and s == "symmetric")
+            for a in arms}
+    low, top = min(stats.values()), min(stats.values()) + span
+    fig, axes = plt.subplots(1, len(swept), figsize=(3.8 * len(swept), 3.0), sharey=True,
+                             squeeze=False)
+    for ax, arm in zip(axes[0], swept):
+        for (symmetry, colour), nudge in zip(SYMMETRY_COLOR.items(), (0.9, 1.0, 1.1)):
+            points = sorted((lr, v) for (a, lr, s), v in stats.items()
+                            if a == arm and s == symmetry)
+            if not points:
+                continue
+            rates, values = np.array(points).T
+            ax.plot(rates, np.minimum(values, top), "o-", color=colour, label=symmetry)
+            beyond = values > top  # side by side on the edge, one symmetry beside the other
+            if beyond.any():
+                ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), "^", color=colour,
+                        ms=9, clip_on=False)
+        for (other, value), grey in zip(((a, v) for a, v in best.items() if a != arm),
+                                        ("0.3", "0.55", "0.75")):
+            ax.axhline(value, color=grey, lw=0.8, ls="--", label=f"best {other}, symmetric")
+        ax.set_xscale("log")
+        ax.set_ylim(low - 0.05 * span, top)
+        ax.set_xlabel("learning rate")
+        ax.set_title(arm)
+        ax.legend(fontsize=7, loc="upper center")
+    axes[0, 0].set_ylabel(f"mean of the last {LAST_EVALUATIONS}\nvalidation losses")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -8,20 +8,22 @@ import pytest  # noqa: E402
 
 from gaugebook.decision_plots import (band_panels, decision_table, delta_panels,  # noqa: E402
                                       paired_deltas, path_ratio, paper_runs,
-                                      reduced_paper_configs, seed_band)
+                                      reduced_paper_configs, seed_band, sweep_panels,
+                                      sweep_statistics)
 from gaugebook.results import Run, decide, pairs_by_seed  # noqa: E402
 
 
-def run(symmetry, seed, steps, losses, *, tag="pt", path=None, init_norm=10.0):
+def run(symmetry, seed, steps, losses, *, tag="pt", path=None, init_norm=10.0,
+        optimizer="ecd", lr=1.0):
     n = len(steps)
     history = {"step": list(steps), "train_loss": list(losses), "val_loss": list(losses),
                "J_QK": [0.0] * n, "J_VO": [0.0] * n, "wall_s": [1.0] * n,
                "path_length": path if path is not None else [None] * n,
                "distance": [0.0] * n, "skipped_steps": [0] * n}
     return Run.from_dict({
-        "name": f"ecd-{symmetry}-prelu-s{seed}-{tag}",
-        "config": {"optimizer": "ecd", "symmetry": symmetry, "activation": "prelu",
-                   "seed": seed, "tag": tag},
+        "name": f"{optimizer}-{symmetry}-prelu-s{seed}{'-' + tag if tag else ''}",
+        "config": {"optimizer": optimizer, "symmetry": symmetry, "activation": "prelu",
+                   "seed": seed, "tag": tag, "optimizer_hp": {"lr": lr}},
         "steps_done": steps[-1], "truncated": False, "history": history,
         "final_val_loss": losses[-1], "probes": {}, "optimizer_state_bytes": 0, "n_params": 1,
         "wall_s": 1.0, "tokens": 1, "tokens_per_s": 1.0, "provenance": {},
@@ -140,3 +142,34 @@ def test_recorded_cpu_preset_is_read_from_its_own_folder(tmp_path, monkeypatch):
     assert recorded_paper_runs("paper")[0] is None  # the GPU folder is another one
     with pytest.raises(ValueError, match="recorded presets: \\['paper', 'paper-cpu'\\]"):
         recorded_paper_runs("paper-smoke")
+
+
+def test_sweep_statistics_key_runs_by_arm_rate_and_symmetry_and_panels_draw_the_swept_arms():
+    steps = [10, 20, 30, 40, 50, 60]
+    runs = [run(s, 0, steps, [9.0] + [loss + 0.1 * (s == "bqv")] * 5, optimizer="adamw",
+                tag=f"lr={lr:g}", lr=lr)
+            for s in ("symmetric", "bqv") for lr, loss in ((1e-3, 3.0), (1e-2, 2.5))]
+    runs += [run("symmetric", 0, steps, [9.0] + [2.8] * 5, tag="pt-lr=3", lr=3.0),
+             run("symmetric", 0, steps, [9.0] + [2.9] * 5, tag="pt", lr=1.0)]
+    stats = sweep_statistics(runs)  # the first evaluation is outside the last five
+    assert stats == {("adamw", 1e-3, "symmetric"): 3.0, ("adamw", 1e-2, "symmetric"): 2.5,
+                     ("adamw", 1e-3, "bqv"): pytest.approx(3.1),
+                     ("adamw", 1e-2, "bqv"): pytest.approx(2.6),
+                     ("ecd-pt", 3.0, "symmetric"): 2.8, ("ecd-pt", 1.0, "symmetric"): 2.9}
+    fig = sweep_panels(stats)
+    adamw, ecd = fig.axes
+    assert adamw.get_title() == "adamw" and ecd.get_title() == "ecd-pt"
+    assert adamw.get_xscale() == "log"
+    assert adamw.lines[0].get_xydata().tolist() == [[1e-3, 3.0], [1e-2, 2.5]]
+    assert adamw.lines[-1].get_ydata()[0] == 2.8  # the other arm's best, dashed
+    assert ecd.lines[-1].get_ydata()[0] == 2.5
+    clipped = sweep_panels(stats, span=0.3).axes[0]  # 3.0 and 3.1 lie above 2.5 + 0.3
+    symmetric, symmetric_beyond = clipped.lines[:2]
+    assert symmetric.get_ydata().tolist() == [pytest.approx(2.8), 2.5]
+    assert symmetric_beyond.get_xydata().tolist() == [[pytest.approx(0.9e-3),
+                                                        pytest.approx(2.8)]]
+    assert clipped.get_ylim()[1] == pytest.approx(2.8)
+    with pytest.raises(ValueError, match="two runs"):
+        sweep_statistics(runs + [runs[0]])
+    with pytest.raises(ValueError, match="more than one learning rate"):
+        sweep_panels({("adamw", 1e-3, "symmetric"): 3.0})
