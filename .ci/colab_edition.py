@@ -62,6 +62,8 @@ REPOSITORY = "https://github.com/gaugebook/gaugebook"
 PAGES = "https://gaugebook.github.io/gaugebook/"  # where the rendered book is published
 METADATA_KEY = "gaugebook_colab"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+#: Python's default repr, ``<module.Class object at 0x7f...>``: a new address on every build
+DEFAULT_REPR = re.compile(r"<[\w.]+(?: object)? at 0x[0-9a-f]+>")
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 COLAB_INSTALL_MARK = "google.colab"
 # Code the page hides is folded in Colab (cellView "form": the title shows, "Show code" opens it),
@@ -500,7 +502,9 @@ def page_outputs(outputs: list) -> list:
     """The outputs a reader sees on the page, in forms Colab shows. A widget's view needs a live
     kernel in Colab (its text form is only a repr), so it goes: running the cell shows it. An
     explorer with a static twin (``gaugebook.interactive.StaticTwin``) keeps the twin, its
-    ``text/html``, which is what the page shows and responds without a kernel."""
+    ``text/html``, which is what the page shows and responds without a kernel. A ``text/plain``
+    that is only Python's default repr goes where a richer form is kept (Colab shows that one),
+    so that rebuilding the edition does not rewrite every table's address."""
     kept = []
     for output in outputs:
         data = output.get("data", {})
@@ -509,6 +513,10 @@ def page_outputs(outputs: list) -> list:
         output = copy.deepcopy(output)
         if WIDGET_VIEW in data:
             output["data"] = {k: v for k, v in data.items() if k in ("text/html", "text/plain")}
+        plain = output.get("data", {}).get("text/plain", "")
+        if len(output.get("data", {})) > 1 and DEFAULT_REPR.fullmatch(
+                "".join(plain).strip()):
+            del output["data"]["text/plain"]
         output.get("metadata", {}).pop("scrapbook", None)
         kept.append(output)
     return kept

@@ -23,8 +23,9 @@
 # the device call's timeout about 30 s above BUDGET:
 #   GAUGEBOOK_COMMIT=<git rev-parse HEAD, here> bash benchmarks/gpu_session.sh
 #   PART=seed1 WALL=400 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
-# Rehearsal on a CPU (tiny preset, minutes):
-#   DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
+# Rehearsal on a CPU (tiny preset, minutes; results of an earlier rehearsal under
+# /tmp/grid/paper-smoke are resumed if their settings match and refused if not, so remove them):
+#   rm -rf /tmp/grid/paper-smoke && DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
 # The grid benchmark runs once: until benchmarks/results/grid_h200.json exists it takes about
 # 150 s of the call, afterwards the part's runs get that time too.

@@ -269,6 +269,11 @@ def test_cells_as_on_the_page(page):
                                                    "text/html": "<div>static twin</div>"})
     assert [o["data"] for o in edition.page_outputs([twin, widget])] == [
         {"text/plain": "Explorer(...)", "text/html": "<div>static twin</div>"}]
+    table = nbformat.v4.new_output("display_data", {"text/plain": "<results.Table at 0x7fe4>",
+                                                    "text/html": "<table></table>"})
+    bare = nbformat.v4.new_output("display_data", {"text/plain": "<object object at 0x7fe4>"})
+    assert [o["data"] for o in edition.page_outputs([table, bare])] == [
+        {"text/html": "<table></table>"}, {"text/plain": "<object object at 0x7fe4>"}]
     executed.cells[6].outputs = [nbformat.v4.new_output("error", ename="E", evalue="",
                                                          traceback=[])]
     with pytest.raises(ValueError, match="cell 6 raised"):
