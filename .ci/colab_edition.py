@@ -513,10 +513,9 @@ def page_outputs(outputs: list) -> list:
         output = copy.deepcopy(output)
         if WIDGET_VIEW in data:
             output["data"] = {k: v for k, v in data.items() if k in ("text/html", "text/plain")}
-        plain = output.get("data", {}).get("text/plain", "")
-        if len(output.get("data", {})) > 1 and DEFAULT_REPR.fullmatch(
-                "".join(plain).strip()):
-            del output["data"]["text/plain"]
+        data = output.get("data", {})
+        if len(data) > 1 and DEFAULT_REPR.fullmatch("".join(data.get("text/plain", "")).strip()):
+            del data["text/plain"]
         output.get("metadata", {}).pop("scrapbook", None)
         kept.append(output)
     return kept

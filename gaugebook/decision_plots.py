@@ -29,7 +29,7 @@ from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Tab
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
            "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
-           "decision_table", "sweep_statistics", "sweep_panels"]
+           "decision_table", "sweep_statistics", "best_rates", "sweep_panels"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
@@ -251,6 +251,17 @@ def sweep_statistics(runs: list[Run]) -> dict[tuple[str, float, str], float]:
     return out
 
 
+def best_rates(stats: dict[tuple[str, float, str], float],
+               symmetry: str = "symmetric") -> dict[str, tuple[float, float]]:
+    """``{arm: (lr, statistic)}``: each arm's learning rate with the lowest statistic among its
+    ``symmetry`` runs in :func:`sweep_statistics` (arms without such runs are left out)."""
+    best = {}
+    for (arm, lr, sym), value in stats.items():
+        if sym == symmetry and (arm not in best or value < best[arm][1]):
+            best[arm] = (lr, value)
+    return best
+
+
 def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.6,
                  title: str | None = None):
     """One panel per arm of :func:`sweep_statistics` swept over more than one learning rate:
@@ -265,9 +276,9 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     swept = [a for a in arms if len({lr for b, lr, _ in stats if b == a}) > 1]
     if not swept:
         raise ValueError("no arm was trained at more than one learning rate")
-    best = {a: min(v for (b, _, s), v in stats.items() if b == a and s == "symmetric")
-            for a in arms}
-    low, top = min(stats.values()), min(stats.values()) + span
+    best = best_rates(stats)
+    low = min(stats.values())
+    top = low + span
     fig, axes = plt.subplots(1, len(swept), figsize=(3.8 * len(swept), 3.0), sharey=True,
                              squeeze=False)
     for ax, arm in zip(axes[0], swept):
@@ -282,8 +293,8 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
             if beyond.any():
                 ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), "^", color=colour,
                         ms=9, clip_on=False)
-        for (other, value), grey in zip(((a, v) for a, v in best.items() if a != arm),
-                                        ("0.3", "0.55", "0.75")):
+        for (other, (_, value)), grey in zip(((a, b) for a, b in best.items() if a != arm),
+                                             ("0.3", "0.55", "0.75")):
             ax.axhline(value, color=grey, lw=0.8, ls="--", label=f"best {other}, symmetric")
         ax.set_xscale("log")
         ax.set_ylim(low - 0.05 * span, top)

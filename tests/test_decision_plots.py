@@ -8,8 +8,8 @@ import pytest  # noqa: E402
 
 from gaugebook.decision_plots import (band_panels, decision_table, delta_panels,  # noqa: E402
                                       paired_deltas, path_ratio, paper_runs,
-                                      reduced_paper_configs, seed_band, sweep_panels,
-                                      sweep_statistics)
+                                      reduced_paper_configs, seed_band, best_rates,
+                                      sweep_panels, sweep_statistics)
 from gaugebook.results import Run, decide, pairs_by_seed  # noqa: E402
 
 
@@ -156,6 +156,8 @@ def test_sweep_statistics_key_runs_by_arm_rate_and_symmetry_and_panels_draw_the_
                      ("adamw", 1e-3, "bqv"): pytest.approx(3.1),
                      ("adamw", 1e-2, "bqv"): pytest.approx(2.6),
                      ("ecd-pt", 3.0, "symmetric"): 2.8, ("ecd-pt", 1.0, "symmetric"): 2.9}
+    assert best_rates(stats) == {"adamw": (1e-2, 2.5), "ecd-pt": (3.0, 2.8)}
+    assert best_rates(stats, "bqv") == {"adamw": (1e-2, pytest.approx(2.6))}
     fig = sweep_panels(stats)
     adamw, ecd = fig.axes
     assert adamw.get_title() == "adamw" and ecd.get_title() == "ecd-pt"
