@@ -1,10 +1,12 @@
 """Batched training: every member of a batched cohort is the run trained alone."""
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from gaugebook.experiment import RunConfig, main, select_runs, train, train_batched
+from gaugebook.experiment import (PAPER_CPU_ADAMW_LR, RunConfig, main, select_runs, train,
+                                  train_batched)
 from gaugebook.training import cohorts
 
 HP = {"ecd-global": ("ecd", dict(lr=1.0, eta=100.0, F0=1.0, nu=0.1)),
@@ -163,6 +165,22 @@ def test_the_toy_sweep_extends_the_gpu_sweep_on_the_toy_model():
     for t in toy.values():
         if t.optimizer == "ecd":
             assert dict(t.optimizer_hp, lr=1.0) == paper_ecd.optimizer_hp
+
+
+def test_the_tuned_toy_control_repeats_the_best_sweep_setting_at_three_seeds():
+    """`paper-cpu-tuned` is the best AdamW setting of `paper-cpu-lr` at seeds 0, 1 and 2, one
+    part per seed; its seed 0 is that sweep's run, name and settings alike."""
+    sweep = {r.name: r for r in select_runs("paper-cpu-lr")}
+    tuned = select_runs("paper-cpu-tuned")
+    assert [r.name for r in select_runs("paper-cpu-tuned", "seed1")] == [
+        "adamw-symmetric-prelu-s1-lr=0.003", "adamw-bqv-prelu-s1-lr=0.003"]
+    assert sorted((r.seed, r.symmetry) for r in tuned) == [
+        (s, sym) for s in range(3) for sym in ("bqv", "symmetric")]
+    for r in tuned:
+        twin = sweep[r.name.replace(f"-s{r.seed}-", "-s0-")]
+        assert dataclasses.replace(r, seed=0) == twin
+        assert r.optimizer_hp["lr"] == PAPER_CPU_ADAMW_LR
+    assert len(cohorts(select_runs("paper-cpu-tuned", "seed0"))) == 1
 
 
 def test_paper_preset_is_the_registered_protocol():
