@@ -310,8 +310,6 @@ def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetr
     ``baseline``, pairing runs by seed; ValueError when a run is truncated (stopped by its time
     budget before its planned steps), a seed lacks its partner or fewer than two seeds pair (no
     interval)."""
-    from scipy import stats
-
     cut = sorted(r.name for r in runs if r.arm == arm and r.symmetry in (symmetry, baseline)
                  and r.data.get("truncated"))
     if cut:
@@ -321,11 +319,40 @@ def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetr
         raise ValueError(f"{arm}, {symmetry}: one seed gives no interval; the rule needs >= 2")
     deltas = {s: final_statistic(broken, last) - final_statistic(base, last)
               for s, (broken, base) in pairs.items()}
-    values = np.array(list(deltas.values()))
-    mean, n = float(values.mean()), len(values)
-    half = float(stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n))
-    helps = bool((values < 0).all() and mean < HELPS_BELOW)
-    return Decision(arm, symmetry, deltas, mean, (mean - half, mean + half), helps)
+    mean, interval = t_interval(list(deltas.values()))
+    helps = all(d < 0 for d in deltas.values()) and mean < HELPS_BELOW
+    return Decision(arm, symmetry, deltas, mean, interval, helps)
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """``(mean, (low, high))``: the mean of ``values`` and its ``level`` t-interval,
+    mean +- t_{(1 + level)/2, n-1} s / sqrt(n), with s the sample standard deviation
+    (ValueError for fewer than two values)."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"a t-interval needs at least two values, got {n}")
+    mean = float(values.mean())
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
+    return mean, (mean - half, mean + half)
+
+
+def paired_gaps(runs: list[Run], reference: list[Run], *,
+                last: int = LAST_EVALUATIONS) -> dict[int, float]:
+    """``{seed: statistic(run) - statistic(reference run)}``, the runs paired by seed (the
+    statistic: :func:`final_statistic`), e.g. one optimizer's symmetric runs against
+    another's. ValueError unless each list holds one run per seed, for the same seeds."""
+    for group in (runs, reference):
+        seeds = [r.seed for r in group]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"two runs of one seed among {[r.name for r in group]}")
+    mine, theirs = ({r.seed: r for r in group} for group in (runs, reference))
+    if not mine or set(mine) != set(theirs):
+        raise ValueError(f"the seeds {sorted(mine)} and {sorted(theirs)} do not pair")
+    return {s: final_statistic(mine[s], last) - final_statistic(theirs[s], last)
+            for s in sorted(mine)}
 
 
 def decisions(runs: list[Run], *, baseline: str = "symmetric") -> list[Decision]:

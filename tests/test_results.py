@@ -230,6 +230,31 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
 
 
+def test_gaps_between_two_arms_are_paired_by_seed_with_a_t_interval(tmp_path):
+    """One optimizer against another (ECD against a tuned AdamW): per-seed differences of the
+    rule's statistic and the 95% t-interval of their mean."""
+    from gaugebook.results import paired_gaps, t_interval
+
+    finals = {"ecd-pt": (3.02, 2.97, 3.06), "adamw": (2.95, 2.89, 2.98)}
+    runs = load_runs(write(tmp_path / "two", *[paper_record(arm, "symmetric", seed, value)
+                                               for arm, values in finals.items()
+                                               for seed, value in enumerate(values)]))
+    ecd, adamw = ([r for r in runs if r.arm == arm] for arm in finals)
+    gaps = paired_gaps(ecd, adamw)
+    assert gaps == pytest.approx({0: 0.07, 1: 0.08, 2: 0.08})
+    mean, (low, high) = t_interval(list(gaps.values()))
+    half = 4.302653 * np.std([0.07, 0.08, 0.08], ddof=1) / math.sqrt(3)
+    assert mean == pytest.approx(0.23 / 3) and (low, high) == pytest.approx(
+        (mean - half, mean + half), rel=1e-5)
+    assert t_interval([1.0, 3.0], level=0.5)[1] == pytest.approx((1.0, 3.0))  # t_{0.75,1} = 1
+    with pytest.raises(ValueError, match="at least two"):
+        t_interval([0.1])
+    with pytest.raises(ValueError, match="do not pair"):
+        paired_gaps(ecd[:2], adamw)
+    with pytest.raises(ValueError, match="two runs of one seed"):
+        paired_gaps(ecd + ecd[:1], adamw)
+
+
 def test_rank_correlation_with_permutation_p_and_bootstrap_interval():
     from scipy import stats
 
