@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from gaugebook import mechanics
@@ -302,23 +303,24 @@ class _Cohort:
         return model
 
 
-def _batched_loss(base: GPT, device: torch.device):
+def _batched_loss(base: GPT):
     """``(params [R, ...], x [R, B, T], y, (b_Q [R, L, dk], b_V [R, L, dv])) -> [R]``: one
     vmapped forward of ``base`` (a model with query and value biases, so that every member's
-    draws, zeros where a member has none, enter the same graph)."""
+    draws, zeros where a member has none, enter the same graph).
+
+    Attention runs on the math kernel on every device: the fused kernels' vmap rules fail. On
+    CPU they have none; on an H200 (torch 2.11) cuDNN's gave non-finite gradients at step 1
+    (a TypeError under ``torch.compile``) and the memory-efficient one a misaligned
+    log-sum-exp in the backward pass."""
     def one(params, x, y, query, value):
         return functional_call(base, params, (x, y), {"bias_draws": (query, value)})[1]
 
     batched = vmap(one)
-    if device.type != "cpu":
-        return batched
 
-    def on_cpu(*args):  # the CPU's fused attention kernel has no vmap rule; the math one has
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    def on_math_kernel(*args):
         with sdpa_kernel([SDPBackend.MATH]):
             return batched(*args)
-    return on_cpu
+    return on_math_kernel
 
 
 def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohort:
@@ -342,7 +344,7 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohor
         params = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
         base_cfg = dataclasses.replace(members[0].model.config, symmetry_breaking="bqv", mu_v=0.0)
         base = GPT(base_cfg).to(device)
-        batched_loss = _batched_loss(base, device)
+        batched_loss = _batched_loss(base)
         if cfg.compile:
             batched_loss = torch.compile(batched_loss)
 
