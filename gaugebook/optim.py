@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -339,8 +339,7 @@ class ECD(Optimizer):
         device = params[0].device
         sizes = {dtype: [params[j].numel() // R for j in idx]
                  for dtype, idx in self._buckets().items()}
-        self._segments = {dtype: (n, torch.tensor(n * R, device=device))
-                          for dtype, n in sizes.items()}
+        self._segments = {dtype: _Segments.of(n, R, device) for dtype, n in sizes.items()}
         order = [j for idx in self._buckets().values() for j in idx]
         self._order = (None if order == sorted(order) else
                        torch.tensor(sorted(range(len(order)), key=order.__getitem__),
@@ -520,7 +519,7 @@ class ECD(Optimizer):
                         for key, pick in pairs.items()}
         else:  # per parameter, summed over the partition's tensors on the host
             partials = {key: torch.cat([_segment_dots(*pick(self._flat[dtype], g),
-                                                      *self._segments[dtype])
+                                                      self._segments[dtype])
                                         for dtype, g in grads.items()], dim=1)
                         for key, pick in pairs.items()}
             if self._order is not None:  # several dtypes: back to parameter order
@@ -653,23 +652,48 @@ def _dots(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.bmm(u.unsqueeze(1), g.unsqueeze(2)).view(-1).double()
 
 
-def _segment_dots(u: torch.Tensor, g: torch.Tensor, sizes: list[int], lengths: torch.Tensor,
+class _Segments(NamedTuple):
+    """Consecutive column segments of ``[R, N]`` rows (one per parameter), and how a device
+    reduces them: each segment cut into ``pieces`` of at most ``PIECE`` columns (lengths for the
+    flattened rows, member-major), ``counts`` pieces per segment. A device's segmented reduction
+    sums each segment with one thread block, so a long segment (a 1.9M-scalar embedding) would
+    keep one block busy while the others wait: equal short pieces keep every block busy."""
+    sizes: list[int]
+    pieces: torch.Tensor  # [R * sum(counts)]
+    counts: torch.Tensor  # [R * len(sizes)]
+
+    PIECE = 1 << 15
+
+    @classmethod
+    def of(cls, sizes: list[int], R: int, device) -> _Segments:
+        pieces, counts = [], []
+        for n in sizes:
+            k = max(1, -(-n // cls.PIECE))  # ceil(n / PIECE) pieces of nearly equal length
+            pieces += [n // k + (i < n % k) for i in range(k)]
+            counts.append(k)
+        return cls(sizes, torch.tensor(pieces * R, device=device),
+                   torch.tensor(counts * R, device=device))
+
+
+def _segment_dots(u: torch.Tensor, g: torch.Tensor, segments: _Segments,
                   segmented: bool | None = None) -> torch.Tensor:
-    """Row-wise dot products of ``u, g [R, N]`` over consecutive column segments of ``sizes``,
-    float64 ``[R, S]`` (``lengths``: ``sizes`` repeated ``R`` times, on the device).
-    ``segmented`` (default: off the CPU) takes one segmented reduction of the flattened product
-    for all segments, a few kernels whatever their number; otherwise one BLAS dot per segment
-    (on a CPU faster, and summed more accurately than the segmented reduction's running sum).
-    16-bit tensors are multiplied and summed in float32."""
+    """Row-wise dot products of ``u, g [R, N]`` over the column segments, float64 ``[R, S]``.
+    ``segmented`` (default: off the CPU) sums the flattened product piece by piece in one
+    segmented reduction, then the pieces of each segment in float64 in another: a few kernels
+    whatever the number of segments. Otherwise one BLAS dot per segment (on a CPU faster, and
+    summed more accurately than a running sum). 16-bit tensors are multiplied and summed in
+    float32."""
     if segmented is None:
         segmented = u.device.type != "cpu"
     if not segmented:
+        sizes = segments.sizes
         return torch.stack([_dots(a, b) for a, b in zip(u.split(sizes, 1), g.split(sizes, 1))],
                            dim=1)
     if u.element_size() < 4:
         u, g = u.float(), g.float()
-    sums = torch.segment_reduce((u * g).view(-1), "sum", lengths=lengths, unsafe=True)
-    return sums.view(u.shape[0], -1).double()
+    pieces = torch.segment_reduce((u * g).view(-1), "sum", lengths=segments.pieces, unsafe=True)
+    sums = torch.segment_reduce(pieces.double(), "sum", lengths=segments.counts, unsafe=True)
+    return sums.view(u.shape[0], -1)
 
 
 class MultiOptimizer:

@@ -1,4 +1,5 @@
 """ECD follows its update equations; the fast path equals the reference; resume is exact."""
+import functools
 import io
 import math
 import os
@@ -617,17 +618,21 @@ def test_contract_errors():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("R", [1, 3])
-def test_segmented_dot_products_equal_one_dot_per_segment(dtype, R):
-    """The fast path's per-tensor dot products off the CPU (one segmented reduction of the
-    flattened product) equal one dot product per segment, member by member."""
-    from gaugebook.optim import _segment_dots
+def test_segmented_dot_products_equal_one_dot_per_segment(dtype, R, monkeypatch):
+    """The fast path's per-tensor dot products off the CPU (segmented reductions over pieces of
+    at most PIECE columns, then over each segment's pieces) equal one dot product per segment,
+    member by member, also for segments cut into several pieces and for an empty one."""
+    from gaugebook.optim import _segment_dots, _Segments
 
+    monkeypatch.setattr(_Segments, "PIECE", 4)
+    assert _Segments.of([10, 4, 0], 1, "cpu").pieces.tolist() == [4, 3, 3, 4, 0]
     torch.manual_seed(0)
-    sizes = [7, 1, 30, 12]
+    sizes = [7, 1, 30, 0, 12]
     u, g = torch.randn(R, sum(sizes), dtype=dtype), torch.randn(R, sum(sizes), dtype=dtype)
-    lengths = torch.tensor(sizes * R)
-    segmented = _segment_dots(u, g, sizes, lengths, segmented=True)
-    per_segment = _segment_dots(u, g, sizes, lengths, segmented=False)
+    segments = _Segments.of(sizes, R, "cpu")
+    assert segments.counts.tolist() == [2, 1, 8, 1, 3] * R
+    segmented = _segment_dots(u, g, segments, segmented=True)
+    per_segment = _segment_dots(u, g, segments, segmented=False)
     expected = torch.stack([(a.double() * b.double()).sum(1)
                             for a, b in zip(u.split(sizes, 1), g.split(sizes, 1))], dim=1)
     assert segmented.shape == per_segment.shape == (R, len(sizes))
@@ -635,3 +640,16 @@ def test_segmented_dot_products_equal_one_dot_per_segment(dtype, R):
     tol = 1e-12 if dtype == torch.float64 else 1e-4
     for got in (segmented, per_segment):
         assert (got - expected).abs().max() <= tol * expected.abs().max()
+
+
+def test_per_tensor_dot_products_as_on_a_device_give_the_same_trajectories(monkeypatch):
+    """Off the CPU the per-tensor dot products come from segmented reductions over short pieces.
+    Forced on the CPU, with pieces of 4 columns (every tensor cut into several), one model
+    follows the equations and stacked members follow their runs alone."""
+    from gaugebook import optim
+
+    monkeypatch.setattr(optim._Segments, "PIECE", 4)
+    monkeypatch.setattr(optim, "_segment_dots",
+                        functools.partial(optim._segment_dots, segmented=True))
+    test_trajectory_follows_the_equations("per_tensor", 0.3, True)
+    test_members_follow_their_own_trajectories("per_tensor", True)
