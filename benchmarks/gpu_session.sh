@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One device call (at most BUDGET seconds, default 540) for the decisive experiment of Part II
-# (preset `paper`), most valuable first, so that a call cut short keeps what matters:
+# (preset `paper`, one part per seed and arm: seed0-pt, seed0-global, seed0-adamw, seed1-pt, ...),
+# most valuable first, so that a call cut short keeps what matters:
 #   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, as
-#      many as the recorded runs' times say fit in WALL (gaugebook.experiment.plan_parts: one
-#      part when none is recorded), batched, one cohort per arm, concurrently; runs
-#      still going after WALL seconds (330, or 440 once the benchmark below is recorded) are
-#      evaluated there and marked truncated. If training fails within its first two minutes
-#      (e.g. torch.compile on this device), it is retried once uncompiled
+#      many as the recorded runs' times say fit in WALL (440 s; gaugebook.experiment.plan_parts:
+#      one part when none is recorded), batched, one cohort per part, concurrently; runs still
+#      going after WALL seconds are evaluated there and marked truncated. If training fails within
+#      its first two minutes (e.g. torch.compile on this device), it is retried once uncompiled
 #                                                                       paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
-#   2. benchmarks/bench_grid.py on that part (batched vs separate processes, ECD vs fused AdamW,
-#      bqv vs symmetric), only while benchmarks/results/grid_h200.json does not exist (BENCH=0
-#      or 1 decides)                                                   grid_h200.json, grid.log
+#   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
+#      AdamW, bqv vs symmetric), only while benchmarks/results/grid_h200.json does not exist and
+#      at least 190 s are left (it takes about 150 s; BENCH=0 skips it)  grid_h200.json, grid.log
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
 #      left, skipped with TESTS=0                                       gpu_tests.txt
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
@@ -22,15 +22,14 @@
 # Usage on the device (repo root; it has no git, so name the commit the results come from), with
 # the device call's timeout about 30 s above BUDGET:
 #   GAUGEBOOK_COMMIT=<git rev-parse HEAD, here> bash benchmarks/gpu_session.sh
-#   PART=seed1 WALL=400 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
+#   PART=seed1-pt WALL=400 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
 # Rehearsal on a CPU (tiny preset, minutes; results of an earlier rehearsal under
 # /tmp/grid/paper-smoke are resumed if their settings match and refused if not, so remove them):
 #   rm -rf /tmp/grid/paper-smoke && DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
-# The grid benchmark runs once: until benchmarks/results/grid_h200.json exists it takes about
-# 150 s of the call, afterwards the part's runs get that time too.
+# The grid benchmark runs once, in the time the parts leave (a part's runs come first).
 if [ -f benchmarks/results/grid_h200.json ]; then BENCH=${BENCH:-0}; else BENCH=${BENCH:-1}; fi
-if [ "$BENCH" = 1 ]; then WALL=${WALL:-330}; else WALL=${WALL:-440}; fi
+WALL=${WALL:-440}; BENCH_PART=${BENCH_PART:-seed0-pt,seed0-global,seed0-adamw}
 PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; TESTS=${TESTS:-1}; LR=${LR:-0}
 BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
@@ -84,10 +83,10 @@ if [ "$LR" = 1 ]; then
   echo "paper-lr exit $? after $(( $(date +%s) - start )) s"
   tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' -cf "$OUT/paper_lr.tar" paper-lr
 fi
-if [ "$BENCH" = 1 ] && [ "$(left)" -gt 60 ]; then
+if [ "$BENCH" = 1 ] && [ "$(left)" -ge 190 ]; then  # else a later call (a cut JSON is no result)
   start=$(date +%s)
-  timeout $(( $(left) - 40 < 150 ? $(left) - 40 : 150 )) python3 benchmarks/bench_grid.py \
-    --device "$DEVICE" --preset "$PRESET" --part "${PART:-seed0}" --steps "$BENCH_STEPS" \
+  timeout 150 python3 benchmarks/bench_grid.py \
+    --device "$DEVICE" --preset "$PRESET" --part "$BENCH_PART" --steps "$BENCH_STEPS" \
     --data-workers 2 \
     --out "$OUT/grid_h200.json" > "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"

@@ -12,7 +12,7 @@ Command line::
 
     python -m gaugebook.experiment --preset cpu-smoke --out runs/smoke
     python -m gaugebook.experiment --preset gpu --part seed0 --out results/gpu --workers 16
-    python -m gaugebook.experiment --preset paper --part seed0 --batched --workers 3 \
+    python -m gaugebook.experiment --preset paper --part seed0-pt --batched \
         --data-workers 4 --out results/gpu/paper
     torchrun --nproc_per_node 2 -m gaugebook.experiment --preset cpu-smoke --out runs/ddp
 
@@ -100,13 +100,19 @@ seed and the mean Delta < -0.1. Reported whatever they show: the mean, the per-s
 95% t-interval (2 degrees of freedom). AdamW's Delta is reported the same way, as the control."""
 
 
-def _paper_parts(base: dict) -> dict[str, list[RunConfig]]:
-    """One part per seed: the 7 runs of the paper's arms (see ``PAPER_DECISION``)."""
-    return {f"seed{seed}": [RunConfig(optimizer=o, symmetry=s, seed=seed, tag=tag,
-                                      optimizer_hp=dict(hp), mu_v=0.5 if s == "bqv" else 0.0,
-                                      **base)
-                            for o, tag, hp, symmetries in PAPER_ARMS for s in symmetries]
-            for seed in range(3)}
+def _paper_parts(base: dict, by_arm: bool = False) -> dict[str, list[RunConfig]]:
+    """The 7 runs of the paper's arms per seed (see ``PAPER_DECISION``): one part per seed
+    (``seed0``), or with ``by_arm`` one per seed and arm (``seed0-pt``, ``seed0-global``,
+    ``seed0-adamw``: each one cohort of ``--batched``, the smallest unit a GPU call can finish)."""
+    parts: dict[str, list[RunConfig]] = {}
+    for seed in range(3):
+        for optimizer, tag, hp, symmetries in PAPER_ARMS:
+            part = f"seed{seed}-{tag or optimizer}" if by_arm else f"seed{seed}"
+            parts.setdefault(part, []).extend(
+                RunConfig(optimizer=optimizer, symmetry=s, seed=seed, tag=tag,
+                          optimizer_hp=dict(hp), mu_v=0.5 if s == "bqv" else 0.0, **base)
+                for s in symmetries)
+    return parts
 
 
 def _paper_lr_parts(base: dict, adamw_rates=(1e-4, 3e-4, 1e-3, 3e-3),
@@ -172,8 +178,8 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
                                    ["prelu"], [0])},
         "gpu": _gpu_parts(),
         "sweep": _sweep_parts(),
-        "paper": _paper_parts(PAPER),
-        "paper-smoke": _paper_parts(PAPER_SMOKE),
+        "paper": _paper_parts(PAPER, by_arm=True),
+        "paper-smoke": _paper_parts(PAPER_SMOKE, by_arm=True),
         "paper-cpu": _paper_parts(PAPER_CPU),
         "paper-lr": _paper_lr_parts(PAPER),
         "paper-cpu-lr": _paper_lr_parts(PAPER_CPU, (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2),

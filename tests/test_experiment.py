@@ -221,17 +221,23 @@ def test_random_states_are_moved_to_the_cpu_before_they_are_restored():
 
 
 def test_several_parts_are_trained_as_one_cohort_per_arm():
-    """`--part seed1,seed2` selects both parts; batched, each arm of them is one cohort."""
+    """`--part seed1-pt,seed2-pt,seed2-global` selects the three parts; batched, each arm of them
+    is one cohort. The preset `paper` has one part per seed and arm, `paper-cpu` one per seed."""
     from gaugebook.training import cohorts
 
-    runs = select_runs("paper-smoke", "seed1,seed2")
-    assert [r.name for r in runs] == ([r.name for r in select_runs("paper-smoke", "seed1")]
-                                      + [r.name for r in select_runs("paper-smoke", "seed2")])
-    assert sorted(len(c) for c in cohorts(runs)) == [4, 4, 6]
+    parts = ["seed1-pt", "seed2-pt", "seed2-global"]
+    runs = select_runs("paper-smoke", ",".join(parts))
+    assert [r.name for r in runs] == [r.name for p in parts for r in select_runs("paper-smoke", p)]
+    assert sorted(len(c) for c in cohorts(runs)) == [2, 6]
+    for preset, by_arm in [("paper", True), ("paper-smoke", True), ("paper-cpu", False)]:
+        table = presets()[preset]
+        assert sum(map(len, table.values())) == 21
+        for part, cfgs in table.items():
+            assert len(cohorts(cfgs)) == (1 if by_arm else 3), part
     with pytest.raises(ValueError, match="no part 'seed9'"):
-        select_runs("paper-smoke", "seed1,seed9")
+        select_runs("paper-smoke", "seed1-pt,seed9")
     with pytest.raises(ValueError, match="twice"):
-        select_runs("paper-smoke", "seed1,seed1")
+        select_runs("paper-smoke", "seed1-pt,seed1-pt")
 
 
 def _record(folder: Path, cfg: RunConfig, wall_s: float, steps_done: int, trained_with):
@@ -245,21 +251,24 @@ def _record(folder: Path, cfg: RunConfig, wall_s: float, steps_done: int, traine
 def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
     from gaugebook.experiment import plan_parts
 
-    assert plan_parts("paper", tmp_path, 440) == ["seed0"]  # nothing recorded: one part
-    seed0 = select_runs("paper", "seed0")
-    names = [c.name for c in seed0]
-    for cfg in seed0:  # one part took at most 120 s
-        _record(tmp_path, cfg, 100.0 + 20 * (cfg.optimizer == "adamw"), cfg.steps, names)
-    assert plan_parts("paper", tmp_path, 440) == ["seed1", "seed2"]  # 2 x 120 <= 0.9 x 440
-    assert plan_parts("paper", tmp_path, 250) == ["seed1"]  # 2 x 120 > 0.9 x 250
+    parts = list(presets()["paper"])  # seed0-pt, seed0-global, seed0-adamw, seed1-pt, ...
+    runs = {part: select_runs("paper", part) for part in parts}
+    assert plan_parts("paper", tmp_path, 440) == ["seed0-pt"]  # nothing recorded: one part
+    first = runs["seed0-pt"]
+    names = [c.name for c in first]
+    for cfg in first:  # one part took at most 120 s
+        _record(tmp_path, cfg, 100.0 + 20 * (cfg.symmetry == "bq"), cfg.steps, names)
+    assert plan_parts("paper", tmp_path, 440) == parts[1:4]  # 3 x 120 <= 0.9 x 440
+    assert plan_parts("paper", tmp_path, 250) == parts[1:2]  # 2 x 120 > 0.9 x 250
     # a truncated run counts at its full length: 150 s for half its steps is 300 s per part
-    _record(tmp_path, seed0[0], 150.0, seed0[0].steps // 2, names)
-    assert plan_parts("paper", tmp_path, 440) == ["seed0"]
+    _record(tmp_path, first[0], 150.0, first[0].steps // 2, names)
+    assert plan_parts("paper", tmp_path, 440) == parts[:1]
     # two parts trained at once for 200 s: 100 s per part
-    both = [c.name for c in seed0 + select_runs("paper", "seed1")]
-    for cfg in seed0 + select_runs("paper", "seed1"):
-        _record(tmp_path, cfg, 200.0, cfg.steps, both)
-    assert plan_parts("paper", tmp_path, 440) == ["seed2"]
-    for cfg in select_runs("paper", "seed2"):
-        _record(tmp_path, cfg, 90.0, cfg.steps, [cfg.name])
+    both = runs["seed0-pt"] + runs["seed0-global"]
+    for cfg in both:
+        _record(tmp_path, cfg, 200.0, cfg.steps, [c.name for c in both])
+    assert plan_parts("paper", tmp_path, 440) == parts[2:5]
+    for part in parts[2:]:
+        for cfg in runs[part]:
+            _record(tmp_path, cfg, 90.0, cfg.steps, [cfg.name])
     assert plan_parts("paper", tmp_path, 440) == []  # every part complete

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 
 
 def test_batched_paper_cohort_trains_under_bf16_and_compile(tmp_path):
-    main(["--preset", "paper-smoke", "--part", "seed0", "--batched", "--device", "cuda",
+    main(["--preset", "paper-smoke", "--part", "seed0-pt,seed0-global,seed0-adamw", "--batched",
+          "--device", "cuda",
           "--out", str(tmp_path), "--set", "autocast_bf16=true", "--set", "compile=true",
           "--set", "steps=20"])
     results = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
@@ -24,8 +25,8 @@ def test_batched_paper_cohort_trains_under_bf16_and_compile(tmp_path):
 
 
 def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
-    cfgs = [override(c, ["steps=20", "eval_every=5"]) for c in select_runs("paper-smoke", "seed0")
-            if c.optimizer == "ecd" and c.tag == "pt"]
+    cfgs = [override(c, ["steps=20", "eval_every=5"])
+            for c in select_runs("paper-smoke", "seed0-pt")]
     batched = train_batched(cfgs, tmp_path / "b", "cuda", progress=False)
     for cfg, result in zip(cfgs, batched):
         alone = train(cfg, tmp_path / "a", "cuda", progress=False)
