@@ -54,9 +54,9 @@ def recorded_paper_runs(preset: str = "paper", *,
                         extra_roots=()) -> tuple[list[Run] | None, str]:
     """``(runs, status)``: the runs of ``preset``'s folder (:data:`RECORDED_PRESETS`;
     ``results/gpu/paper`` for ``paper``) when it holds every run of the preset, none truncated;
-    otherwise ``runs = None`` (a call of the GPU script adds one or two parts at a time, and a
-    truncated run does not enter the rule). ``status`` says what is recorded, e.g. ``"7 of the
-    21 runs recorded (parts seed0), none truncated"``."""
+    otherwise ``runs = None`` (a call of the GPU script adds a few parts at a time, and a
+    truncated run does not enter the rule). ``status`` says what is recorded, e.g. ``"3 of the
+    21 runs recorded (parts seed0-pt), none truncated"``."""
     from gaugebook.experiment import presets
 
     if preset not in RECORDED_PRESETS:

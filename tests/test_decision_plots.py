@@ -118,10 +118,12 @@ def test_recorded_paper_runs_need_the_whole_preset_complete(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)  # found before the repository's own results/gpu/paper
     _write_paper_folder(tmp_path, seeds={0})
     runs, status = recorded_paper_runs()
-    assert runs is None and status == "7 of the 21 runs recorded (parts seed0), none truncated"
+    assert runs is None and status == ("7 of the 21 runs recorded (parts seed0-adamw, "
+                                       "seed0-global, seed0-pt), none truncated")
     _write_paper_folder(tmp_path, seeds={1, 2}, truncated={"adamw-bqv-prelu-s2"})
     runs, status = recorded_paper_runs()
-    assert runs is None and status.endswith("(parts seed0, seed1, seed2), 1 truncated")
+    parts = ", ".join(f"seed{s}-{arm}" for s in range(3) for arm in ("adamw", "global", "pt"))
+    assert runs is None and status.endswith(f"(parts {parts}), 1 truncated")
     _write_paper_folder(tmp_path, seeds={2})
     runs, status = recorded_paper_runs()
     assert len(runs) == 21 and status.endswith("none truncated")
