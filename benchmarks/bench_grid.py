@@ -6,8 +6,9 @@ processes; ECD's step against fused AdamW's, alone and stacked; the cost of the 
    timed in its steady state, between its evaluations at steps N and 2N (the first N steps absorb
    compilation); the aggregate is the sum over the runs, which train at the same time. The whole
    phase's tokens over its wall time (compilation included) are recorded too.
-2. Median seconds of one ECD step (the part's ECD settings) and one fused AdamW step on the
-   preset's model, alone and with the weights of R models stacked (``ECD(members=R)``).
+2. Median seconds of one ECD step (each projection among the part's ECD runs) and one fused
+   AdamW step on the preset's model, alone and with the weights of R models stacked
+   (``ECD(members=R)``, R the part's largest cohort).
 3. Tokens/s of the trainer on one run with ``bqv`` against the symmetric run.
 
 Every ratio is measured in this run. Usage::
@@ -83,7 +84,7 @@ def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
         hp["blocks"] = [[named[n] for n in group] for group in models[0].gpt2_tensors()]
     ecd = ECD(list(named.values()), members=members if members > 1 else None, **hp)
     adamw = make_optimizer("adamw", list(named.values()), lr=1e-4)
-    out = {"members": members,
+    out = {"members": members, "projection": cfg.optimizer_hp.get("projection", "global"),
            "ecd_step_s": median_step_seconds(ecd, loss, device, reps),
            "adamw_step_s": median_step_seconds(adamw, loss, device, reps),
            "adamw_fused": bool(adamw.defaults.get("fused")),
@@ -128,10 +129,13 @@ def main(argv=None):
     def save():  # after every stage, so a run cut short keeps what it measured
         args.out.write_text(json.dumps(results, indent=1, default=str))
 
-    ecd = next(r for r in runs if r.optimizer == "ecd")
+    ecd = {}  # the first ECD run of each projection (its tag)
+    for r in runs:
+        if r.optimizer == "ecd":
+            ecd.setdefault(r.tag, r)
     largest = max(len(group) for group in cohorts(runs))
-    results["step"] = [step_times(ecd, device, 1, args.reps),
-                       step_times(ecd, device, largest, args.reps)]
+    results["step"] = [step_times(cfg, device, members, args.reps)
+                       for cfg in ecd.values() for members in (1, largest)]
     save()
     results["batched"] = aggregate(runs, args.device, batched=True,
                                    data_workers=args.data_workers)

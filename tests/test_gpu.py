@@ -36,10 +36,11 @@ def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
 def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
+    """The weight (40,000 scalars per member) spans two pieces of the per-tensor reduction."""
     torch.manual_seed(0)
-    weights = [torch.randn(3, 50, 40, device="cuda"), torch.randn(3, 40, device="cuda")]
-    targets = torch.randn(3, 64, 40, device="cuda")
-    inputs = torch.randn(3, 64, 50, device="cuda")
+    weights = [torch.randn(3, 500, 80, device="cuda"), torch.randn(3, 80, device="cuda")]
+    targets = torch.randn(3, 64, 80, device="cuda")
+    inputs = torch.randn(3, 64, 500, device="cuda")
     finals = []
     for foreach in (False, True):
         params = [torch.nn.Parameter(w.clone()) for w in weights]
