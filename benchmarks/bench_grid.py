@@ -1,7 +1,7 @@
-"""Grid benchmark: one part of a preset on one device, trained batched against separate
+"""Grid benchmark: parts of a preset on one device, trained batched against separate
 processes; ECD's step against fused AdamW's, alone and stacked; the cost of the biases.
 
-1. Aggregate tokens/s of the part's runs trained (a) batched (``--batched``: one process per
+1. Aggregate tokens/s of the parts' runs trained (a) batched (``--batched``: one process per
    cohort, the cohorts concurrently) and (b) as one process per run, all concurrently. Each run is
    timed in its steady state, between its evaluations at steps N and 2N (the first N steps absorb
    compilation); the aggregate is the sum over the runs, which train at the same time. The whole
@@ -9,9 +9,10 @@ processes; ECD's step against fused AdamW's, alone and stacked; the cost of the 
 2. Median seconds of one ECD step (each projection among the part's ECD runs) and one fused
    AdamW step on the preset's model, alone and with the weights of R models stacked
    (``ECD(members=R)``, R the part's largest cohort).
-3. Tokens/s of the trainer on one run with ``bqv`` against the symmetric run.
+3. Tokens/s of the trainer on one AdamW run with ``bqv`` against the symmetric run (when the
+   parts hold AdamW runs).
 
-Every ratio is measured in this run. Usage::
+Every ratio is measured in this run; ``--steps-only`` measures stage 2 alone (seconds). Usage::
 
     python benchmarks/bench_grid.py --device cuda --out benchmarks/results/grid_h200.json
     python benchmarks/bench_grid.py --device cpu --preset paper-smoke --steps 5 --out /tmp/g.json
@@ -107,11 +108,14 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--preset", default="paper")
-    parser.add_argument("--part", default="seed0")
+    parser.add_argument("--part", default="seed0-pt,seed0-global,seed0-adamw",
+                        help="the preset's parts, separated by commas")
     parser.add_argument("--steps", type=int, default=100,
                         help="N: warm-up steps, then N timed steps (per run)")
     parser.add_argument("--reps", type=int, default=30, help="timed optimizer steps")
     parser.add_argument("--data-workers", type=int, default=2)
+    parser.add_argument("--steps-only", action="store_true",
+                        help="measure only the optimizer steps (stage 2)")
     parser.add_argument("--skip-separate", action="store_true",
                         help="measure only the batched aggregate (not the separate processes)")
     parser.add_argument("--out", type=Path, required=True)
@@ -121,22 +125,28 @@ def main(argv=None):
     results = {"preset": args.preset, "part": args.part, "steps": args.steps,
                "runs": [r.name for r in runs],
                "command": "python benchmarks/bench_grid.py " + " ".join(
-                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                   if v not in (None, False)),
+                   f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                   for k, v in vars(args).items() if v not in (None, False)),
                "provenance": provenance(device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():  # after every stage, so a run cut short keeps what it measured
         args.out.write_text(json.dumps(results, indent=1, default=str))
+        print(json.dumps({k: results[k] for k in results if k not in ("provenance", "runs")},
+                         indent=1, default=str))
 
-    ecd = {}  # the first ECD run of each projection (its tag)
+    ecd = {}  # the first ECD run of each projection
     for r in runs:
         if r.optimizer == "ecd":
-            ecd.setdefault(r.tag, r)
+            ecd.setdefault(r.optimizer_hp.get("projection", "global"), r)
+    if not ecd:
+        parser.error(f"part {args.part!r} of {args.preset!r} has no ECD run to time")
     largest = max(len(group) for group in cohorts(runs))
     results["step"] = [step_times(cfg, device, members, args.reps)
                        for cfg in ecd.values() for members in (1, largest)]
     save()
+    if args.steps_only:
+        return
     results["batched"] = aggregate(runs, args.device, batched=True,
                                    data_workers=args.data_workers)
     save()
@@ -147,8 +157,11 @@ def main(argv=None):
                                             / results["separate"]["tokens_per_s"])
         save()
     adamw = [r for r in runs if r.optimizer == "adamw"]
-    symmetric = next(r for r in adamw if r.symmetry == "symmetric")
-    broken = next(r for r in adamw if r.symmetry == "bqv")
+    symmetric = next((r for r in adamw if r.symmetry == "symmetric"), None)
+    broken = next((r for r in adamw if r.symmetry == "bqv"), None)
+    if symmetric is None or broken is None:
+        print("no symmetric and bqv AdamW runs in these parts: the bias stage is skipped")
+        return
     results["bias"] = {"symmetric_tokens_per_s": trainer_tokens_per_s(symmetric, args.device,
                                                                       args.data_workers),
                        "bqv_tokens_per_s": trainer_tokens_per_s(broken, args.device,
@@ -156,8 +169,6 @@ def main(argv=None):
     results["bias"]["bqv_over_symmetric"] = (results["bias"]["bqv_tokens_per_s"]
                                              / results["bias"]["symmetric_tokens_per_s"])
     save()
-    print(json.dumps({k: results[k] for k in results if k not in ("provenance", "runs")},
-                     indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # most valuable first, so that a call cut short keeps what matters:
 #   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, as
 #      many as the recorded runs' times say fit in WALL (440 s; gaugebook.experiment.plan_parts:
-#      one part when none is recorded), batched, one cohort per part, concurrently; runs still
+#      one part when none is recorded), batched, one cohort per arm, concurrently; runs still
 #      going after WALL seconds are evaluated there and marked truncated. If training fails within
 #      its first two minutes (e.g. torch.compile on this device), it is retried once uncompiled
 #                                                                       paper.tar, paper.log
@@ -12,8 +12,11 @@
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
 #      AdamW, bqv vs symmetric), only while benchmarks/results/grid_h200.json does not exist and
-#      at least 190 s are left (it takes about 150 s; BENCH=0 skips it; a benchmark cut short
-#      comes back as grid_h200_partial.json)                           grid_h200.json, grid.log
+#      at least 190 s are left (its limit is 150 s; BENCH=0 skips it; a benchmark cut short
+#      comes back as grid_h200_partial.json). A call after a full part has no such time: then
+#      PART= TESTS=0 bash benchmarks/gpu_session.sh runs the benchmark alone  grid_h200.json, grid.log
+#   2b. the ECD and fused AdamW optimizer steps alone (bench_grid.py --steps-only, seconds), when
+#      the benchmark did not run                                       grid_steps.json
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
 #      left, skipped with TESTS=0                                       gpu_tests.txt
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
@@ -49,7 +52,8 @@ fi
 mkdir -p "$OUT" "/tmp/grid/$PRESET"
 echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
 if [ "$DEVICE" = cuda ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
+  # the device, at the head of the log (at most 8 files come back)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/paper.log"
   # the device's busy share and memory every 5 s: host-bound steps show as low utilisation
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
     > "$OUT/gpu_utilisation.csv" 2>/dev/null &
@@ -60,7 +64,7 @@ snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude
 ( while sleep 20; do snapshot; done ) &
 saver=$!
 paper() {  # "$@": extra settings; runs stopped by max_wall_s are evaluated, then written
-  timeout $(( WALL + 120 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
+  timeout $(( WALL + 80 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
     --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
     --out "/tmp/grid/$PRESET" --set max_wall_s="$WALL" "$@" >> "$OUT/paper.log" 2>&1
 }
@@ -95,6 +99,12 @@ if [ "$BENCH" = 1 ] && [ "$(left)" -ge 190 ]; then  # else a later call (a cut J
   python3 -c "import json, sys; sys.exit('bias' not in json.load(open(sys.argv[1])))" \
     "$OUT/grid_h200.json" 2>/dev/null || {  # cut short: kept, but not as the result
     [ -f "$OUT/grid_h200.json" ] && mv "$OUT/grid_h200.json" "$OUT/grid_h200_partial.json"; }
+fi
+if [ "$BENCH" = 1 ] && ! ls "$OUT"/grid_h200*.json >/dev/null 2>&1 && [ "$(left)" -gt 60 ]; then
+  echo "grid benchmark skipped: $(left) s left, it needs 190 (PART= TESTS=0 runs it alone)"
+  timeout 40 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
+    --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" >> "$OUT/grid.log" 2>&1
+  echo "optimizer steps exit $?"
 fi
 if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then
   start=$(date +%s)

@@ -497,8 +497,8 @@ class ECD(Optimizer):
     def _gather_foreach(self):
         """The same with flat gradients ``{dtype: [R, N]}``, and with :math:`v\\cdot v` too (the
         update normalises with it): partial sums per slice of the layout (a group's parameters of
-        one dtype) for the global projection, per parameter for the per-tensor one (off the CPU one
-        segmented reduction per dtype and product, whatever the number of tensors)."""
+        one dtype) for the global projection, per parameter for the per-tensor one (off the CPU two
+        segmented reductions per dtype and product, whatever the number of tensors)."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
@@ -659,8 +659,8 @@ class _Segments(NamedTuple):
     sums each segment with one thread block, so a long segment (a 1.9M-scalar embedding) would
     keep one block busy while the others wait: equal short pieces keep every block busy."""
     sizes: list[int]
-    pieces: torch.Tensor  # [R * sum(counts)]
-    counts: torch.Tensor  # [R * len(sizes)]
+    pieces: torch.Tensor  # [R x pieces per member]
+    counts: torch.Tensor  # [R x len(sizes)]
 
     PIECE = 1 << 15
 

@@ -309,9 +309,9 @@ def _batched_loss(base: GPT):
     draws, zeros where a member has none, enter the same graph).
 
     Attention runs on the math kernel on every device: the fused kernels' vmap rules fail. On
-    CPU they have none; on an H200 (torch 2.11) cuDNN's gave non-finite gradients at step 1
-    (a TypeError under ``torch.compile``) and the memory-efficient one a misaligned
-    log-sum-exp in the backward pass."""
+    CPU they have none; on an H200 (torch 2.11) cuDNN's raised a TypeError under
+    ``torch.compile``, the memory-efficient one a misaligned log-sum-exp in the backward pass,
+    and uncompiled the gradients were not finite at step 1."""
     def one(params, x, y, query, value):
         return functional_call(base, params, (x, y), {"bias_draws": (query, value)})[1]
 

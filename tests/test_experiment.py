@@ -272,3 +272,26 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
         for cfg in runs[part]:
             _record(tmp_path, cfg, 90.0, cfg.steps, [cfg.name])
     assert plan_parts("paper", tmp_path, 440) == []  # every part complete
+
+
+def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, monkeypatch):
+    """`bench_grid.py --steps-only` on the seed-0 parts (its default) times one ECD step per
+    projection, alone and with the largest cohort stacked, against fused AdamW's, and records
+    the command it ran."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    bench_grid = importlib.import_module("bench_grid")
+    out = tmp_path / "steps.json"
+    bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--steps-only", "--reps", "1",
+                     "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [(s["projection"], s["members"]) for s in result["step"]] == [
+        ("per_tensor", 1), ("per_tensor", 3), ("global", 1), ("global", 3)]
+    assert all(s["ecd_step_s"] > 0 and s["adamw_fused"] for s in result["step"])
+    assert "--steps-only" in result["command"] and "batched" not in result
+    with pytest.raises(SystemExit):  # an AdamW-only part has no ECD step to time
+        bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--part", "seed0-adamw",
+                         "--steps-only", "--out", str(out)])
+    sys.modules.pop("bench_grid", None)
+    sys.modules.pop("bench_training", None)
