@@ -15,8 +15,8 @@
 #      at least 190 s are left (its limit is 150 s; BENCH=0 skips it; a benchmark cut short
 #      comes back as grid_h200_partial.json). A call after a full part has no such time: then
 #      PART= TESTS=0 bash benchmarks/gpu_session.sh runs the benchmark alone  grid_h200.json, grid.log
-#   2b. the ECD and fused AdamW optimizer steps alone (bench_grid.py --steps-only, seconds), when
-#      the benchmark did not run                                       grid_steps.json
+#   Before 1, while the benchmark is not recorded: the ECD and fused AdamW optimizer steps alone
+#      (bench_grid.py --steps-only, at most 30 s)                      grid_steps.json
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
 #      left, skipped with TESTS=0                                       gpu_tests.txt
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
@@ -64,10 +64,15 @@ snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude
 ( while sleep 20; do snapshot; done ) &
 saver=$!
 paper() {  # "$@": extra settings; runs stopped by max_wall_s are evaluated, then written
-  timeout $(( WALL + 80 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
+  timeout $(( WALL + 60 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
     --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
     --out "/tmp/grid/$PRESET" --set max_wall_s="$WALL" "$@" >> "$OUT/paper.log" 2>&1
 }
+if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
+  timeout 30 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
+    --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1
+  echo "optimizer steps exit $? ($(left) s left)"
+fi
 start=$(date +%s)
 if [ -n "$PART" ]; then paper; echo "paper exit $? after $(( $(date +%s) - start )) s"; fi
 if ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1 && [ $(( $(date +%s) - start )) -lt 120 ]
@@ -93,18 +98,15 @@ if [ "$BENCH" = 1 ] && [ "$(left)" -ge 190 ]; then  # else a later call (a cut J
   timeout 150 python3 benchmarks/bench_grid.py \
     --device "$DEVICE" --preset "$PRESET" --part "$BENCH_PART" --steps "$BENCH_STEPS" \
     --data-workers 2 \
-    --out "$OUT/grid_h200.json" > "$OUT/grid.log" 2>&1
+    --out "$OUT/grid_h200.json" >> "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"
   tail -c 2500 "$OUT/grid.log"
   python3 -c "import json, sys; sys.exit('bias' not in json.load(open(sys.argv[1])))" \
     "$OUT/grid_h200.json" 2>/dev/null || {  # cut short: kept, but not as the result
     [ -f "$OUT/grid_h200.json" ] && mv "$OUT/grid_h200.json" "$OUT/grid_h200_partial.json"; }
 fi
-if [ "$BENCH" = 1 ] && ! ls "$OUT"/grid_h200*.json >/dev/null 2>&1 && [ "$(left)" -gt 60 ]; then
+if [ "$BENCH" = 1 ] && ! ls "$OUT"/grid_h200*.json >/dev/null 2>&1; then
   echo "grid benchmark skipped: $(left) s left, it needs 190 (PART= TESTS=0 runs it alone)"
-  timeout 40 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
-    --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" >> "$OUT/grid.log" 2>&1
-  echo "optimizer steps exit $?"
 fi
 if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then
   start=$(date +%s)
