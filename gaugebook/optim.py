@@ -685,10 +685,11 @@ def _segment_dots(u: torch.Tensor, g: torch.Tensor, segments: _Segments,
     float32."""
     if segmented is None:
         segmented = u.device.type != "cpu"
-    if not segmented:
-        sizes = segments.sizes
-        return torch.stack([_dots(a, b) for a, b in zip(u.split(sizes, 1), g.split(sizes, 1))],
-                           dim=1)
+    if not segmented:  # one dot per member and segment, stacked once
+        R, sizes, wide = u.shape[0], segments.sizes, u.element_size() < 4
+        dots = [torch.dot(a.float(), b.float()) if wide else torch.dot(a, b)
+                for r in range(R) for a, b in zip(u[r].split(sizes), g[r].split(sizes))]
+        return torch.stack(dots).view(R, -1).double()
     if u.element_size() < 4:
         u, g = u.float(), g.float()
     pieces = torch.segment_reduce((u * g).view(-1), "sum", lengths=segments.pieces, unsafe=True)
