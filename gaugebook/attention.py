@@ -20,10 +20,21 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook.rope import rope_frequencies, rotate
 
 ROPE_MODES = (False, True, "gated")
+
+
+def math_attention():
+    """A context in which :func:`~torch.nn.functional.scaled_dot_product_attention` takes the
+    math kernel, the one whose ``torch.func`` rules (vmap, forward mode, double backward) hold
+    on every device. Every function transform of attention in the library runs inside it. The
+    fused CPU kernels lack these rules; on an H200 (torch 2.11) the fused kernels' vmap rules
+    failed: cuDNN's raised a TypeError under ``torch.compile``, the memory-efficient kernel's
+    backward pass a misaligned log-sum-exp, and uncompiled the gradients were not finite."""
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 class MultiHeadAttention(nn.Module):

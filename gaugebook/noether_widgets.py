@@ -26,9 +26,8 @@ import ipywidgets as widgets
 import torch
 from matplotlib.figure import Figure
 from torch.func import functional_call, grad, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gaugebook.attention import MultiHeadAttention
+from gaugebook.attention import MultiHeadAttention, math_attention
 from gaugebook.breaking import QUERY_MEAN, QUERY_STD
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.landscapes import leapfrog
@@ -80,7 +79,7 @@ class HeadProblem:
         """``grad L`` for a batch of ``n`` parameter sets (each tensor ``[n, ...]``), the ``i``-th
         with ``query_shifts[i]`` (``[n, d_head]``), by ``torch.func.vmap``."""
         g = vmap(grad(lambda th, b: self.loss(th, b)))
-        with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernels have no vmap rule
+        with math_attention():
             return list(g(list(theta), query_shifts))
 
     def charge(self, theta, p) -> torch.Tensor:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import jvp, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gaugebook.attention import math_attention
 from gaugebook.linalg import numerical_rank
 from gaugebook.redundancy import parameter_function
 
@@ -90,7 +90,7 @@ def _sketch(output, theta: torch.Tensor, directions: torch.Tensor,
         return jvp(output, (theta,), (v,))[1]
 
     columns = []
-    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernels lack forward-mode and vmap rules
+    with math_attention():
         for block in directions.double().split(chunk):
             columns.append(vmap(along)(block))  # (chunk, n_outputs)
     return torch.cat(columns).T

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call, jacfwd, jacrev
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gaugebook import gpt_redundancy
-from gaugebook.attention import MultiHeadAttention
+from gaugebook.attention import MultiHeadAttention, math_attention
 from gaugebook.checks import check_finite_tensors
 from gaugebook.breaking import ShiftedAttention
 from gaugebook.breaking import redundancy_count as shifted_redundancy_count
@@ -116,7 +115,7 @@ def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
     with torch.no_grad():
         n_out = output(flat).numel()
     jac = jacfwd if flat.numel() <= n_out else jacrev
-    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernels lack forward-mode and vmap rules
+    with math_attention():
         return jac(output)(flat)
 
 

@@ -49,9 +49,8 @@ import torch
 from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 from torch.func import grad, jvp
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gaugebook.attention import MultiHeadAttention
+from gaugebook.attention import MultiHeadAttention, math_attention
 from gaugebook.checks import check_finite_tensors
 from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
@@ -83,20 +82,15 @@ class FlatLoss(FlatModel):
         return value
 
 
-def _math_attention():
-    # the fused CPU attention kernels lack forward-mode and double-backward rules
-    return sdpa_kernel(SDPBackend.MATH)
-
-
 def hessian_vector_product(f: Callable, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``H(theta) v = d/ds grad f(theta + s v)`` at ``s = 0`` (forward over reverse mode)."""
-    with _math_attention():
+    with math_attention():
         return jvp(grad(f), (theta,), (v,))[1]
 
 
 def hessian(f: Callable, theta: torch.Tensor) -> torch.Tensor:
     """The full Hessian ``[n, n]`` (``torch.func.hessian``); only for small ``n``."""
-    with _math_attention():
+    with math_attention():
         return torch.func.hessian(f)(theta)
 
 

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.func import functional_call, stack_module_state, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from gaugebook import mechanics
+from gaugebook.attention import math_attention
 from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
 from gaugebook.interpret import alignment_scores
@@ -306,19 +306,15 @@ class _Cohort:
 def _batched_loss(base: GPT):
     """``(params [R, ...], x [R, B, T], y, (b_Q [R, L, dk], b_V [R, L, dv])) -> [R]``: one
     vmapped forward of ``base`` (a model with query and value biases, so that every member's
-    draws, zeros where a member has none, enter the same graph).
-
-    Attention runs on the math kernel on every device: the fused kernels' vmap rules fail. On
-    CPU they have none; on an H200 (torch 2.11) cuDNN's raised a TypeError under
-    ``torch.compile``, the memory-efficient one a misaligned log-sum-exp in the backward pass,
-    and uncompiled the gradients were not finite at step 1."""
+    draws, zeros where a member has none, enter the same graph), attention on the math kernel
+    (:func:`~gaugebook.attention.math_attention`)."""
     def one(params, x, y, query, value):
         return functional_call(base, params, (x, y), {"bias_draws": (query, value)})[1]
 
     batched = vmap(one)
 
     def on_math_kernel(*args):
-        with sdpa_kernel([SDPBackend.MATH]):
+        with math_attention():
             return batched(*args)
     return on_math_kernel
 
