@@ -9,8 +9,9 @@ processes; ECD's step against fused AdamW's, alone and stacked; the cost of the 
 2. Median seconds of one ECD step (each projection among the part's ECD runs) and one fused
    AdamW step on the preset's model, alone and with the weights of R models stacked
    (``ECD(members=R)``, R the part's largest cohort).
-3. Tokens/s of the trainer on one AdamW run with ``bqv`` against the symmetric run (when the
-   parts hold AdamW runs).
+3. The cost of the biases: the steady-state tokens/s of the AdamW run with ``bqv`` over the
+   symmetric one, both trained as separate processes in stage 1 at the same time (when the
+   parts hold both).
 
 Every ratio is measured in this run; ``--steps-only`` measures stage 2 alone (seconds). Usage::
 
@@ -29,7 +30,7 @@ import torch
 from torch.func import stack_module_state
 
 from gaugebook.data import DefaultCorpus
-from gaugebook.experiment import override, run_many, select_runs, train
+from gaugebook.experiment import override, run_many, select_runs
 from gaugebook.gpt import GPT
 from gaugebook.optim import ECD, make_optimizer
 from gaugebook.training import cohorts, optimizer_state_bytes, provenance
@@ -45,13 +46,15 @@ def timing_runs(preset: str, part: str, steps: int):
             for cfg in select_runs(preset, part)]
 
 
-def aggregate(runs, device: str, *, batched: bool, data_workers: int) -> dict:
+def aggregate(runs, device: str, *, batched: bool, data_workers: int,
+              cuda_graphs: bool) -> dict:
     """Train ``runs`` concurrently (batched cohorts, or one process per run) and sum their
     steady-state tokens/s."""
     workers = len(cohorts(runs)) if batched else len(runs)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        run_many(runs, Path(out), device, workers, batched=batched, data_workers=data_workers)
+        run_many(runs, Path(out), device, workers, batched=batched, data_workers=data_workers,
+                 cuda_graphs=cuda_graphs)
         wall = time.perf_counter() - start
         results = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json"))]
     per_run = {}
@@ -95,14 +98,6 @@ def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
     return out
 
 
-def trainer_tokens_per_s(cfg, device: str, data_workers: int) -> float:
-    """Steady-state tokens/s of one run trained alone, between its two evaluations."""
-    with tempfile.TemporaryDirectory() as out:
-        h = train(cfg, Path(out), device, progress=False, data_workers=data_workers)["history"]
-    tokens = (h["step"][-1] - h["step"][0]) * cfg.batch_size * cfg.block_size
-    return tokens / (h["wall_s"][-1] - h["wall_s"][0])
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,6 +113,8 @@ def main(argv=None):
                         help="measure only the optimizer steps (stage 2)")
     parser.add_argument("--skip-separate", action="store_true",
                         help="measure only the batched aggregate (not the separate processes)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="train with the compiled model replayed as CUDA graphs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -147,27 +144,23 @@ def main(argv=None):
     save()
     if args.steps_only:
         return
-    results["batched"] = aggregate(runs, args.device, batched=True,
-                                   data_workers=args.data_workers)
+    engine = dict(data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)
+    results["batched"] = aggregate(runs, args.device, batched=True, **engine)
     save()
-    if not args.skip_separate:
-        results["separate"] = aggregate(runs, args.device, batched=False,
-                                        data_workers=args.data_workers)
-        results["batched_over_separate"] = (results["batched"]["tokens_per_s"]
-                                            / results["separate"]["tokens_per_s"])
-        save()
-    adamw = [r for r in runs if r.optimizer == "adamw"]
-    symmetric = next((r for r in adamw if r.symmetry == "symmetric"), None)
-    broken = next((r for r in adamw if r.symmetry == "bqv"), None)
-    if symmetric is None or broken is None:
+    if args.skip_separate:
+        return
+    results["separate"] = aggregate(runs, args.device, batched=False, **engine)
+    results["batched_over_separate"] = (results["batched"]["tokens_per_s"]
+                                        / results["separate"]["tokens_per_s"])
+    save()
+    adamw = {r.symmetry: r.name for r in runs if r.optimizer == "adamw"}
+    if not {"symmetric", "bqv"} <= set(adamw):
         print("no symmetric and bqv AdamW runs in these parts: the bias stage is skipped")
         return
-    results["bias"] = {"symmetric_tokens_per_s": trainer_tokens_per_s(symmetric, args.device,
-                                                                      args.data_workers),
-                       "bqv_tokens_per_s": trainer_tokens_per_s(broken, args.device,
-                                                                args.data_workers)}
-    results["bias"]["bqv_over_symmetric"] = (results["bias"]["bqv_tokens_per_s"]
-                                             / results["bias"]["symmetric_tokens_per_s"])
+    speed = results["separate"]["per_run_tokens_per_s"]
+    results["bias"] = {"symmetric_tokens_per_s": speed[adamw["symmetric"]],
+                       "bqv_tokens_per_s": speed[adamw["bqv"]],
+                       "bqv_over_symmetric": speed[adamw["bqv"]] / speed[adamw["symmetric"]]}
     save()
 
 

@@ -2,17 +2,19 @@
 # One device call (at most BUDGET seconds, default 540) for the decisive experiment of Part II
 # (preset `paper`, one part per seed and arm: seed0-pt, seed0-global, seed0-adamw, seed1-pt, ...),
 # most valuable first, so that a call cut short keeps what matters:
-#   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, as
-#      many as the recorded runs' times say fit in WALL (440 s; gaugebook.experiment.plan_parts:
-#      one part when none is recorded), batched, one cohort per arm, concurrently; runs still
-#      going after WALL seconds are evaluated there and marked truncated. If training fails within
-#      its first two minutes (e.g. torch.compile on this device), it is retried once uncompiled
-#                                                                       paper.tar, paper.log
+#   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, one
+#      after another for WALL seconds (440): first the ones the recorded runs' times say fit
+#      (gaugebook.experiment.plan_parts: one part when none is recorded), then, planned again from
+#      this call's own runs, each further part that fits in the time left. Batched, one cohort per
+#      arm, compiled and replayed as CUDA graphs (CUDA_GRAPHS=0: without); runs still going when
+#      the time is up are evaluated there and marked truncated. If training fails within its
+#      first two minutes, it is retried once without CUDA graphs (if they were on), else
+#      uncompiled; a part that fails twice ends the training   paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
 #      AdamW, bqv vs symmetric), only while benchmarks/results/grid_h200.json does not exist and
-#      at least 190 s are left (its limit is 150 s; BENCH=0 skips it; a benchmark cut short
+#      at least 180 s are left (its limit is 170 s; BENCH=0 skips it; a benchmark cut short
 #      comes back as grid_h200_partial.json). A call after a full part has no such time: then
 #      PART= TESTS=0 bash benchmarks/gpu_session.sh runs the benchmark alone  grid_h200.json, grid.log
 #   Before 1, while the benchmark is not recorded: the ECD and fused AdamW optimizer steps alone
@@ -27,6 +29,7 @@
 # the device call's timeout about 30 s above BUDGET:
 #   GAUGEBOOK_COMMIT=<git rev-parse HEAD, here> bash benchmarks/gpu_session.sh
 #   PART=seed1-pt WALL=400 TESTS=0 BENCH=0 DATA_WORKERS=4 bash benchmarks/gpu_session.sh
+# (a PART given is trained alone, with no further parts planned)
 # Rehearsal on a CPU (tiny preset, minutes; results of an earlier rehearsal under
 # /tmp/grid/paper-smoke are resumed if their settings match and refused if not, so remove them):
 #   rm -rf /tmp/grid/paper-smoke && DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
@@ -37,19 +40,25 @@ WALL=${WALL:-440}; BENCH_PART=${BENCH_PART:-seed0-pt,seed0-global,seed0-adamw}
 PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; TESTS=${TESTS:-1}; LR=${LR:-0}
 BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
-BENCH_STEPS=${BENCH_STEPS:-60}
+BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
+[ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-if [ -z "${PART+set}" ]; then  # the parts without complete results, as many as fit in WALL
-  PART=$(python3 -c "from gaugebook.experiment import plan_parts
-print(','.join(plan_parts('$PRESET', 'results/gpu/$PRESET', $WALL)))") \
-    || { echo "cannot plan the parts of $PRESET (is torch importable?)"; exit 1; }
-  [ -n "$PART" ] || echo "every part of $PRESET is complete: nothing to train"
-fi
 mkdir -p "$OUT" "/tmp/grid/$PRESET"
+plan() {  # the parts without complete results (recorded here or in this call) that fit in $1 s
+  python3 -c "from gaugebook.experiment import plan_parts
+print(','.join(plan_parts('$PRESET', ['results/gpu/$PRESET', '/tmp/grid/$PRESET'], $1,
+                          at_least_one=$2)))"
+}
+if [ -z "${PART+set}" ]; then
+  AUTO=1; PART=$(plan "$WALL" True) || { echo "cannot plan the parts of $PRESET"; exit 1; }
+  [ -n "$PART" ] || echo "every part of $PRESET is complete: nothing to train"
+else
+  AUTO=0
+fi
 echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
 if [ "$DEVICE" = cuda ]; then
   # the device, at the head of the log (at most 8 files come back)
@@ -63,26 +72,35 @@ snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude
   -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
 ( while sleep 20; do snapshot; done ) &
 saver=$!
-paper() {  # "$@": extra settings; runs stopped by max_wall_s are evaluated, then written
-  timeout $(( WALL + 60 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
+paper() {  # $1: seconds; "${@:2}": extra options; runs stopped by max_wall_s are evaluated
+  local wall=$1; shift
+  echo "=== part $PART, $wall s, options: $*" >> "$OUT/paper.log"
+  timeout $(( wall + 60 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
     --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
-    --out "/tmp/grid/$PRESET" --set max_wall_s="$WALL" "$@" >> "$OUT/paper.log" 2>&1
+    --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "$@" >> "$OUT/paper.log" 2>&1
 }
+failed() { ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1; }
 if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
   timeout 30 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
     --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1
   echo "optimizer steps exit $? ($(left) s left)"
 fi
-start=$(date +%s)
-if [ -n "$PART" ]; then paper; echo "paper exit $? after $(( $(date +%s) - start )) s"; fi
-if ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1 && [ $(( $(date +%s) - start )) -lt 120 ]
-then  # failed at once (compilation?): once more without torch.compile, in the time left
-  echo "paper failed early: $(cat "/tmp/grid/$PRESET"/*.error.json | head -c 600)"
-  rm -f "/tmp/grid/$PRESET"/*.error.json
-  WALL=$(( WALL - ($(date +%s) - start) )); start=$(date +%s)
-  paper --set compile=false
-  echo "paper (uncompiled) exit $? after $(( $(date +%s) - start )) s"
-fi
+END=$(( $(date +%s) + WALL )); tried=
+while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
+  start=$(date +%s); tried=$PART
+  if [ "$CUDA_GRAPHS" = 1 ]; then paper $(( END - start )) --cuda-graphs; else
+    paper $(( END - start )); fi
+  echo "paper $PART exit $? after $(( $(date +%s) - start )) s"
+  if failed && [ $(( $(date +%s) - start )) -lt 120 ]; then  # at once: without graphs, compile
+    echo "paper failed early: $(cat "/tmp/grid/$PRESET"/*.error.json | head -c 600)"
+    rm -f "/tmp/grid/$PRESET"/*.error.json; start=$(date +%s)
+    if [ "$CUDA_GRAPHS" = 1 ]; then CUDA_GRAPHS=0; paper $(( END - start )); else
+      paper $(( END - start )) --set compile=false; fi
+    echo "paper $PART (retried) exit $? after $(( $(date +%s) - start )) s"
+  fi
+  [ "$AUTO" = 1 ] && ! failed && [ $(( END - $(date +%s) )) -gt 60 ] || break
+  PART=$(plan $(( END - $(date +%s) )) False)  # from this call's times too: what still fits
+done
 kill $saver; snapshot
 ls "/tmp/grid/$PRESET"
 if [ "$LR" = 1 ]; then
@@ -93,11 +111,11 @@ if [ "$LR" = 1 ]; then
   echo "paper-lr exit $? after $(( $(date +%s) - start )) s"
   tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' -cf "$OUT/paper_lr.tar" paper-lr
 fi
-if [ "$BENCH" = 1 ] && [ "$(left)" -ge 190 ]; then  # else a later call (a cut JSON is no result)
+if [ "$BENCH" = 1 ] && [ "$(left)" -ge 180 ]; then  # else a later call (a cut JSON is no result)
   start=$(date +%s)
-  timeout 150 python3 benchmarks/bench_grid.py \
+  timeout 170 python3 benchmarks/bench_grid.py \
     --device "$DEVICE" --preset "$PRESET" --part "$BENCH_PART" --steps "$BENCH_STEPS" \
-    --data-workers 2 \
+    --data-workers 2 $([ "$CUDA_GRAPHS" = 1 ] && echo --cuda-graphs) \
     --out "$OUT/grid_h200.json" >> "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"
   tail -c 2500 "$OUT/grid.log"
@@ -106,7 +124,7 @@ if [ "$BENCH" = 1 ] && [ "$(left)" -ge 190 ]; then  # else a later call (a cut J
     [ -f "$OUT/grid_h200.json" ] && mv "$OUT/grid_h200.json" "$OUT/grid_h200_partial.json"; }
 fi
 if [ "$BENCH" = 1 ] && ! ls "$OUT"/grid_h200*.json >/dev/null 2>&1; then
-  echo "grid benchmark skipped: $(left) s left, it needs 190 (PART= TESTS=0 runs it alone)"
+  echo "grid benchmark skipped: $(left) s left, it needs 180 (PART= TESTS=0 runs it alone)"
 fi
 if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then
   start=$(date +%s)

@@ -208,22 +208,31 @@ def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
     return [run for name in names for run in parts[name]]
 
 
-def plan_parts(preset: str, recorded: Path, wall_s: float, margin: float = 0.9) -> list[str]:
-    """The parts of ``preset`` for the next call of ``wall_s`` seconds: those without complete
-    results in ``recorded`` (in order), as many as fit. A part's time is estimated from the
-    recorded runs: a run's ``wall_s`` scaled to all its steps (``steps / steps_done``, for a
-    truncated run), divided by the number of parts its cohort trained at once; the slowest run
-    gives the part's time ``t``, and ``k`` parts fit when ``k t <= margin * wall_s`` (linear in
-    the number of members, as on a saturated device: cautious where the host limits a step).
-    Without recorded runs, one part; with every part complete, none."""
+def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
+               at_least_one: bool = True) -> list[str]:
+    """The parts of ``preset`` for the next ``wall_s`` seconds: those without complete results
+    in ``recorded`` (a folder, or several: a run's result in a later one replaces an earlier
+    one), in order, as many as fit. A part's time is estimated from the recorded runs: a run's
+    ``wall_s`` scaled to all its steps (``steps / steps_done``, for a truncated run), divided by
+    the number of parts its cohort trained at once; the slowest run gives the part's time ``t``,
+    and ``k`` parts fit when ``k t <= margin * wall_s`` (linear in the number of members, as on
+    a saturated device: cautious where the host limits a step). Without recorded runs, one part;
+    with every part complete, none; where not even one fits, one, or none if not
+    ``at_least_one``."""
     table = presets()[preset]
     part_of = {cfg.name: part for part, runs in table.items() for cfg in runs}
+    folders = [recorded] if isinstance(recorded, (str, Path)) else list(recorded)
+    results = {}
+    for folder in folders:
+        for cfg in (c for runs in table.values() for c in runs):
+            path = Path(folder) / f"{cfg.name}.json"
+            if path.exists():
+                results[cfg.name] = json.loads(path.read_text())
     missing, per_part = [], []
     for part, runs in table.items():
         complete = True
         for cfg in runs:
-            path = Path(recorded) / f"{cfg.name}.json"
-            result = json.loads(path.read_text()) if path.exists() else None
+            result = results.get(cfg.name)
             complete = complete and result is not None and not result["truncated"]
             if result and result["steps_done"] > 0:
                 parts_at_once = len({part_of.get(n, part) for n in result["trained_with"]}) or 1
@@ -233,14 +242,14 @@ def plan_parts(preset: str, recorded: Path, wall_s: float, margin: float = 0.9) 
             missing.append(part)
     if not per_part:
         return missing[:1]
-    count = max(1, int(margin * wall_s // max(per_part)))
-    return missing[:count]
+    count = int(margin * wall_s // max(per_part))
+    return missing[:max(count, int(at_least_one))]
 
 
 # ----------------------------------------------------------------------------- orchestration
 
 def _worker(queue, out: str, device: str, position: int, batched: bool,
-            data_workers: int) -> None:
+            data_workers: int, cuda_graphs: bool) -> None:
     """Take cohorts (lists of runs) from ``queue`` until a ``None``; a failing cohort is recorded
     in ``<out>/<name>.error.json`` for each of its runs and does not stop the others."""
     while True:
@@ -250,7 +259,7 @@ def _worker(queue, out: str, device: str, position: int, batched: bool,
         cfgs = [RunConfig.from_dict(c) for c in item]
         try:
             _train_cohort(cfgs, Path(out), device, batched, position=position,
-                          data_workers=data_workers)
+                          data_workers=data_workers, cuda_graphs=cuda_graphs)
         except Exception as error:  # noqa: BLE001 - reported in a file, then the next run
             for cfg in cfgs:
                 write_json_atomic(Path(out) / f"{cfg.name}.error.json",
@@ -267,7 +276,7 @@ def _train_cohort(cfgs, out: Path, device: str, batched: bool, **kw) -> None:
 
 
 def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
-             batched: bool = False, data_workers: int = 0) -> None:
+             batched: bool = False, data_workers: int = 0, cuda_graphs: bool = False) -> None:
     """Train ``runs``, alone or (``batched``) grouped into batched cohorts
     (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share the
     device (useful when one run or cohort does not fill a GPU)."""
@@ -279,7 +288,8 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
     groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
     if workers <= 1:
         for group in groups:
-            _train_cohort(group, out, device, batched, data_workers=data_workers)
+            _train_cohort(group, out, device, batched, data_workers=data_workers,
+                          cuda_graphs=cuda_graphs)
         return
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -288,7 +298,7 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
     for _ in range(workers):
         queue.put(None)
     procs = [ctx.Process(target=_worker, args=(queue, str(out), device, i + 1, batched,
-                                               data_workers))
+                                               data_workers, cuda_graphs))
              for i in range(workers)]
     for p in procs:
         p.start()
@@ -315,6 +325,9 @@ def main(argv=None) -> None:
     parser.add_argument("--data-workers", type=int, default=0, metavar="N",
                         help="processes that prefetch the training batches of each run or "
                              "cohort (default 0: none)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay the compiled forward and backward as CUDA graphs (CUDA, "
+                             "with compile=true: the same numbers, far fewer kernel launches)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
                              "(VALUE is read as JSON where it parses, else as a string; the "
@@ -338,6 +351,10 @@ def main(argv=None) -> None:
                              "distinct tags or drop the --set that made them equal")
         if args.batched:
             cohorts(runs)  # refuses optimizers that do not batch, before any training
+        if args.cuda_graphs and not args.device.startswith("cuda"):
+            raise ValueError(f"--cuda-graphs needs a CUDA device, not --device {args.device}")
+        if args.cuda_graphs and not all(cfg.compile for cfg in runs):
+            raise ValueError("--cuda-graphs replays the compiled model: add --set compile=true")
         if args.workers < 1 or args.data_workers < 0:
             raise ValueError("--workers must be >= 1 and --data-workers >= 0")
         if args.list:
@@ -361,7 +378,7 @@ def main(argv=None) -> None:
         dist.destroy_process_group()
         return
     run_many(runs, out, args.device, args.workers, batched=args.batched,
-             data_workers=args.data_workers)
+             data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)
     print(f"results in {out}", file=sys.stderr)
 
 

@@ -641,15 +641,16 @@ class ECD(Optimizer):
 
 
 def _dots(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``u_r . g_r`` of ``[R, n]`` tensors, float64 ``[R]``: one batched product (on a
-    CPU one BLAS dot per row, where the batched product of row vectors is several times slower).
-    16-bit tensors are multiplied and summed in float32: in their own dtype the sum overflows
-    (float16 tops out at 65504)."""
+    """Row-wise ``u_r . g_r`` of ``[R, n]`` tensors, float64 ``[R]``: on a CPU one BLAS dot per
+    row; on a device the product's rows summed by one reduction kernel, in float64 (a batched
+    matrix product of row vectors with n ~ 10^7 runs on a few of a GPU's cores: on an H200 three
+    rows of 12.6M took 24 ms, against about 1 ms for one row). 16-bit tensors are multiplied in
+    float32: in their own dtype the sum overflows (float16 tops out at 65504)."""
     if u.element_size() < 4:
         u, g = u.float(), g.float()
     if u.device.type == "cpu":
         return torch.stack([torch.dot(a, b) for a, b in zip(u, g)]).double()
-    return torch.bmm(u.unsqueeze(1), g.unsqueeze(2)).view(-1).double()
+    return (u * g).sum(dim=1, dtype=torch.float64)
 
 
 class _Segments(NamedTuple):

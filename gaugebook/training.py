@@ -281,6 +281,7 @@ class _Cohort:
     window: torch.Tensor | None = None  # summed training losses since the last measurement
     window_start: int = 0
     ckpt_path: Path | None = None
+    cuda_graphs: bool = False  # the compiled loss replays CUDA graphs (mark each step's start)
 
     @property
     def cfg(self) -> RunConfig:
@@ -319,10 +320,14 @@ def _batched_loss(base: GPT):
     return on_math_kernel
 
 
-def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohort:
-    """Members, the optimizer over their parameters (stacked when batched), and the loss."""
+def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
+           cuda_graphs: bool = False) -> _Cohort:
+    """Members, the optimizer over their parameters (stacked when batched), and the loss
+    (compiled with ``cfg.compile``; with ``cuda_graphs`` its forward and backward are replayed
+    as CUDA graphs, torch.compile's mode ``reduce-overhead``: one launch instead of hundreds)."""
     members = [_member(cfg, device) for cfg in cfgs]
     cfg, world = cfgs[0], _rank_world()[1]
+    mode = "reduce-overhead" if cuda_graphs else None
     if not batched:
         model = members[0].model
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -331,18 +336,21 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohor
             train_model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         if cfg.compile:
-            train_model = torch.compile(train_model)
+            train_model = torch.compile(train_model, mode=mode)
 
         def loss(x, y, draws):
             return train_model(x, y, bias_draws=draws[0])[1]
     else:
         stacked, _ = stack_module_state([m.model for m in members])
         params = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
+        if cuda_graphs:  # updated in place between replays: read where they are, not copied
+            for p in params.values():
+                torch._dynamo.mark_static_address(p)
         base_cfg = dataclasses.replace(members[0].model.config, symmetry_breaking="bqv", mu_v=0.0)
         base = GPT(base_cfg).to(device)
         batched_loss = _batched_loss(base)
         if cfg.compile:
-            batched_loss = torch.compile(batched_loss)
+            batched_loss = torch.compile(batched_loss, mode=mode)
 
         def loss(x, y, draws):
             return batched_loss(params, x, y, *draws)
@@ -357,7 +365,8 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool) -> _Cohor
             v = [m.init_velocity[i] for m in members]
             optimizer.state[p]["momentum_buffer"] = torch.stack(v) if batched else v[0]
     init = {n: p.detach().clone() for n, p in params.items()}
-    return _Cohort(members, device, batched, params, optimizer, loss, init)
+    return _Cohort(members, device, batched, params, optimizer, loss, init,
+                   cuda_graphs=cuda_graphs and cfg.compile)
 
 
 def _checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
@@ -475,6 +484,8 @@ def _step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor) -> None:
     device."""
     draws = _draws(cohort)
     optimizer = cohort.optimizer
+    if cohort.cuda_graphs:  # the graphs' outputs of the last step (gradients, loss) are consumed
+        torch.compiler.cudagraph_mark_step_begin()
 
     def closure():
         optimizer.zero_grad(set_to_none=True)
@@ -698,21 +709,26 @@ def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
 
 
 def _train(cfgs: list[RunConfig], out: Path, device, batched: bool, *, position: int,
-           stop_after: int | None, progress: bool, data_workers: int) -> list[dict] | None:
+           stop_after: int | None, progress: bool, data_workers: int,
+           cuda_graphs: bool) -> list[dict] | None:
     device = torch.device(device)
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}: drop --cuda-graphs")
     out.mkdir(parents=True, exist_ok=True)
     if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
         return _train_locked(cfgs, out, device, batched, position=position,
-                             stop_after=stop_after, progress=progress, data_workers=data_workers)
+                             stop_after=stop_after, progress=progress, data_workers=data_workers,
+                             cuda_graphs=cuda_graphs)
     with _run_locks(out, cfgs):
         _remove_stale_temporaries(out, cfgs)
         return _train_locked(cfgs, out, device, batched, position=position,
-                             stop_after=stop_after, progress=progress, data_workers=data_workers)
+                             stop_after=stop_after, progress=progress, data_workers=data_workers,
+                             cuda_graphs=cuda_graphs)
 
 
 def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batched: bool, *,
                   position: int, stop_after: int | None, progress: bool,
-                  data_workers: int) -> list[dict] | None:
+                  data_workers: int, cuda_graphs: bool) -> list[dict] | None:
     rank, world = _rank_world()
     done = _existing_results(cfgs, out)
     todo = [cfg for cfg in cfgs if cfg.name not in done]
@@ -721,7 +737,7 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     cfg = todo[0]
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
-    cohort = _setup(todo, device, batched)
+    cohort = _setup(todo, device, batched, cuda_graphs)
     cohort.ckpt_path = _checkpoint_path(out, todo, batched)
     _resume(cohort)
     if device.type == "cuda":
@@ -763,10 +779,12 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
 
 def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
           position: int = 0, stop_after: int | None = None, progress: bool = True,
-          data_workers: int = 0) -> dict | None:
+          data_workers: int = 0, cuda_graphs: bool = False) -> dict | None:
     """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
     by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
-    progress bar; ``data_workers`` processes prefetch the training batches (0: none).
+    progress bar; ``data_workers`` processes prefetch the training batches (0: none);
+    ``cuda_graphs`` (CUDA, with ``compile``) replays the compiled forward and backward as CUDA
+    graphs (the same numbers, far fewer kernel launches from the host).
 
     An existing result or checkpoint of the same name must hold the same configuration
     (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by
@@ -774,13 +792,13 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     the peak of allocated device memory on CUDA; on the CPU it is the process's peak resident set
     size since it started (everything the process did, not only this run)."""
     results = _train([cfg], Path(out), device, False, position=position, stop_after=stop_after,
-                     progress=progress, data_workers=data_workers)
+                     progress=progress, data_workers=data_workers, cuda_graphs=cuda_graphs)
     return None if results is None else results[0]
 
 
 def train_batched(cfgs: list[RunConfig], out: Path, device: torch.device | str = "cpu", *,
                   position: int = 0, stop_after: int | None = None, progress: bool = True,
-                  data_workers: int = 0) -> list[dict] | None:
+                  data_workers: int = 0, cuda_graphs: bool = False) -> list[dict] | None:
     """Train ``cfgs`` as one batched model and write one ``<out>/<name>.json`` per run, the
     records :func:`train` would write (``trained_with`` names the cohort). The runs must share
     a :func:`~gaugebook.run_config.batch_key` and an optimizer that batches (ECD, AdamW, SGDM);
@@ -803,7 +821,7 @@ def train_batched(cfgs: list[RunConfig], out: Path, device: torch.device | str =
     if _rank_world()[1] > 1:
         raise ValueError("--batched runs in one process: do not start it under torchrun")
     return _train(cfgs, Path(out), device, True, position=position, stop_after=stop_after,
-                  progress=progress, data_workers=data_workers)
+                  progress=progress, data_workers=data_workers, cuda_graphs=cuda_graphs)
 
 
 def cohorts(runs: list[RunConfig]) -> list[list[RunConfig]]:

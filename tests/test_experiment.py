@@ -102,6 +102,19 @@ def test_unknown_names_list_the_valid_ones(capsys):
     assert "--preset is required; valid presets" in capsys.readouterr().err
 
 
+def test_cuda_graphs_need_a_cuda_device_and_a_compiled_model(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--preset", "paper-smoke", "--part", "seed0-pt", "--batched", "--device", "cpu",
+              "--cuda-graphs", "--out", str(tmp_path)])
+    assert "--cuda-graphs needs a CUDA device, not --device cpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--preset", "paper-smoke", "--part", "seed0-pt", "--device", "cuda:0",
+              "--cuda-graphs", "--set", "compile=false", "--out", str(tmp_path)])
+    assert "add --set compile=true" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device, not cpu"):
+        train(tiny(), tmp_path, "cpu", cuda_graphs=True)
+
+
 def test_list_without_a_preset_lists_every_preset_and_part(capsys):
     main(["--list"])
     out = capsys.readouterr().out
@@ -272,6 +285,12 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
         for cfg in runs[part]:
             _record(tmp_path, cfg, 90.0, cfg.steps, [cfg.name])
     assert plan_parts("paper", tmp_path, 440) == []  # every part complete
+    # a later folder's result replaces an earlier one's: one truncated run is missing again
+    later = tmp_path / "this-call"
+    later.mkdir()
+    _record(later, first[1], 400.0, first[1].steps // 2, names)
+    assert plan_parts("paper", [tmp_path, later], 440) == parts[:1]
+    assert plan_parts("paper", [tmp_path, later], 440, at_least_one=False) == []  # 800 s
 
 
 def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Checks of the training engine that need a GPU (skipped without one; the GPU session script
-runs them): batched training under bf16 and torch.compile, and the batched paths on CUDA."""
+runs them): batched training under bf16 and torch.compile (with CUDA graphs too), and the
+batched paths on CUDA."""
 import json
 
 import pytest
@@ -32,6 +33,16 @@ def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
         alone = train(cfg, tmp_path / "a", "cuda", progress=False)
         for x, y in zip(result["history"]["val_loss"], alone["history"]["val_loss"]):
             assert abs(x - y) <= 1e-4 * abs(y), cfg.name
+
+
+def test_cuda_graphs_replay_the_compiled_cohort_exactly(tmp_path):
+    cfgs = [override(c, ["steps=30", "eval_every=10", "compile=true", "autocast_bf16=true"])
+            for c in select_runs("paper-smoke", "seed0-pt")]
+    plain = train_batched(cfgs, tmp_path / "plain", "cuda", progress=False)
+    graphs = train_batched(cfgs, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
+    for a, b in zip(plain, graphs):
+        for x, y in zip(a["history"]["val_loss"], b["history"]["val_loss"]):
+            assert abs(x - y) <= 1e-5 * abs(x), a["name"]
 
 
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
