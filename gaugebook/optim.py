@@ -128,10 +128,14 @@ class ECD(Optimizer):
     ``members=R`` a tensor ``[R]``), calls ``backward()`` and returns it. Parameters whose
     ``.grad`` is ``None`` count as having a zero gradient (they still drift with :math:`v`).
     Under DDP (an initialised ``torch.distributed`` process group) :math:`F` is averaged over the
-    ranks before the step; the gradients are already averaged by DDP. A step of the fast path
-    reads its few scalars (:math:`F`, the partial dot products) to the host once and sends
-    nothing back: on a GPU that is its one synchronisation. The chaos generators are saved by
-    :meth:`state_dict`, so a resumed run is identical to an uninterrupted one.
+    ranks before the step; the gradients are already averaged by DDP. On a CPU, a step of the
+    fast path reads its few scalars (:math:`F`, the partial dot products) to the host once and
+    sends nothing back. Off the CPU, once every member has made its first step and without chaos
+    (``nu = 0``), it reads nothing: its coefficients are computed on the device, so a GPU never
+    waits for the host; the steps and skipped steps are then counted, and a non-finite loss or
+    gradient reported, when :attr:`steps`, :attr:`skipped_steps` or :meth:`state_dict` is read.
+    The chaos generators are saved by :meth:`state_dict`, so a resumed run is identical to an
+    uninterrupted one.
 
     Attributes:
         steps: number of steps taken (not skipped); an integer for one model, a list (one per
@@ -176,8 +180,10 @@ class ECD(Optimizer):
         self._generators = [torch.Generator(device=device).manual_seed(int(s))
                             for s in chaos_seeds]
         self._moved, self._skipped, self._started = [0] * R, [0] * R, [False] * R
+        self._pending = None  # steps on the device not yet counted: moved, skipped, not finite
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
+        self._units: _Units | None = None  # the device step's constants, set on its first use
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
 
@@ -264,11 +270,35 @@ class ECD(Optimizer):
 
     @property
     def steps(self):
+        self._settle()
         return self._moved if self.members else self._moved[0]
 
     @property
     def skipped_steps(self):
+        self._settle()
         return self._skipped if self.members else self._skipped[0]
+
+    def _settle(self) -> None:
+        """Count the steps taken on the device since the last call (one read to the host), warn
+        about skipped ones, and raise if one of them met a non-finite loss or gradient."""
+        if self._pending is None:
+            return
+        moved, skipped, bad = self._pending.tolist()
+        self._pending = None
+        for r in range(self._R):
+            self._moved[r] += int(moved[r])
+            self._skipped[r] += int(skipped[r])
+        if any(bad):
+            r = bad.index(True)
+            raise FloatingPointError(
+                f"ECD: a non-finite loss or gradient at or before step "
+                f"{self._moved[r] + self._skipped[r]}" + (f", member {r}" if self.members else "")
+                + "; check the model, the data and the learning rate")
+        if any(skipped) and not self._warned:
+            warnings.warn(f"ECD: F <= F0 = {float(self._shared('F0')):.6g} at some steps, which "
+                          "were skipped (counted in ECD.skipped_steps). Lower F0 below every loss "
+                          "the run can reach.", RuntimeWarning, stacklevel=3)
+            self._warned = True
 
     def _shared(self, key: str):
         values = {group[key] for group in self.param_groups}
@@ -325,7 +355,7 @@ class ECD(Optimizer):
         parameter groups are fixed from now on, so their layout is kept, with each slice's
         parameter rows and velocity rows, also cut per member (the fast path then builds no
         lists per step), and the segment lengths of the per-tensor dot products."""
-        self._flat, self._layout = flat, []
+        self._flat, self._layout, self._units = flat, [], None
         params, R = self._params(), self._R
         for dtype, idx in self._buckets().items():
             for j, rows in zip(idx, self._split(flat[dtype], idx)):
@@ -368,6 +398,10 @@ class ECD(Optimizer):
                           for dtype, idx in self._buckets().items()})
         # per member: F (averaged over DDP ranks), the L2 term and partial dot products
         grads, penalty, partials = (self._gather_foreach if foreach else self._gather_reference)()
+        if foreach and all(self._started) and self._shared("nu") == 0 and _on_device(F_loss):
+            self._step_on_device(F_loss + penalty, grads, partials)
+            return loss
+        self._settle()  # (steps on the device before, if any)
         stats = torch.cat([F_loss, penalty, *(t.flatten() for t in partials.values())]).tolist()
         n = next(iter(partials.values())).shape[1]  # partial sums per member
         rows = [(stats[r], stats[R + r],
@@ -609,9 +643,76 @@ class ECD(Optimizer):
         if chaos > 0:
             self._chaos(chaos, kicks)
 
+    def _step_on_device(self, F: torch.Tensor, grads, partials) -> None:
+        r"""The update of :meth:`_update_foreach` for every member at once, with its coefficients
+        computed on the device, so that nothing is read to the host (a GPU runs ahead of the
+        Python that launches its kernels): ``F [R]`` (loss plus L2 term), the flat gradients,
+        and the partial sums (per parameter, or per slice for the global projection). A member
+        with :math:`F \le F_0` keeps its weights and velocity; its count, and a non-finite loss
+        or gradient, are read later (:meth:`_settle`). Without chaos (``nu = 0``), once every
+        member has made its first step."""
+        if self._units is None:
+            self._prepare_units(F.device)
+        eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
+        d = self.dimension
+        kappa = eta / 2 * d / (d - 1)
+        vg, gg, vv = partials["vg"], partials["gg"], partials["vv"]  # [R, U]
+        moving = F > F0
+        kick = torch.where(moving, kappa / (F - F0), 0.0)  # [R]
+        c = kick[:, None] * self._units.dt  # [R, U]
+        a = 1 + c * (vg @ self._units.same)  # v.g of each unit's tensor (global: of all)
+        speed = (a * a * vv - 2 * a * c * vg + c * c * gg).sum(1).sqrt()  # |v'| [R]
+        scale = torch.where(moving[:, None], a / speed[:, None], 1.0)  # v <- (a v - c g)/|v'|
+        drift = torch.where(moving, speed, 0.0)  # theta += dt |v'| v
+        inv = torch.where(moving, kick / speed, 0.0)
+        for s, (group, dtype, start, stop, *_, per_member) in enumerate(self._layout):
+            v, g = self._flat[dtype][:, start:stop], grads[dtype][:, start:stop]
+            dt = group["lr"] / math.sqrt(eta)
+            columns = self._units.columns[s]  # the unit of each column (None: one for all)
+            factor = scale[:, self._units.of_slice[s]].to(dtype)
+            v.mul_(factor if columns is None else factor.index_select(1, columns))
+            v.addcmul_(g, (inv * dt).to(dtype)[:, None], value=-1)
+            moved = v * drift.to(dtype)[:, None]
+            for r, (weights, _) in enumerate(per_member):
+                torch._foreach_add_(weights, moved[r].split([w.numel() for w in weights]),
+                                    alpha=dt)
+        bad = ~(torch.isfinite(F) & torch.isfinite(vg.sum(1)) & torch.isfinite(gg.sum(1)))
+        counts = torch.stack([moving.long(), (~moving).long(), bad.long()])
+        self._pending = counts if self._pending is None else self._pending + counts
+
+    def _prepare_units(self, device: torch.device) -> None:
+        """The device step's constants: per unit (a parameter, or for the global projection a
+        slice) its dt, the 0/1 matrix of units whose partial sums form its dot product (one
+        tensor of the partition; global: all), and per slice its units and, per-tensor, the unit
+        (within the slice) of each column."""
+        sqrt_eta, params = math.sqrt(float(self._shared("eta"))), self._params()
+        per_tensor = self._shared("projection") == "per_tensor"
+        dt, of_slice, columns = [], [], []
+        for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
+            if per_tensor:
+                of_slice.append(torch.tensor(idx, device=device))
+                dt += [group["lr"] / sqrt_eta] * len(idx)
+                sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
+                columns.append(torch.repeat_interleave(torch.arange(len(idx), device=device),
+                                                       sizes))
+            else:
+                of_slice.append(torch.tensor([s], device=device))
+                dt.append(group["lr"] / sqrt_eta)
+                columns.append(None)
+        if per_tensor:  # units are parameters, in parameter order
+            order = [j for _, _, _, _, idx, *_ in self._layout for j in idx]
+            dt = [dt[order.index(j)] for j in range(len(params))]
+            block = torch.tensor(self._block, device=device)
+            same = (block[:, None] == block[None, :]).double()
+        else:
+            same = torch.ones(len(dt), len(dt), dtype=torch.float64, device=device)
+        self._units = _Units(torch.tensor(dt, dtype=torch.float64, device=device), same,
+                             of_slice, columns)
+
     def state_dict(self) -> dict:
         """torch's optimizer state plus ``"ecd"``: step counters, which members have started and
         the chaos generators' states."""
+        self._settle()
         state = super().state_dict()
         state["ecd"] = {"steps": self.steps, "skipped_steps": self.skipped_steps,
                         "started": list(self._started),
@@ -625,7 +726,7 @@ class ECD(Optimizer):
             raise ValueError("this state dict was not written by ECD (it has no 'ecd' entry): "
                              "an optimizer's state loads only into an optimizer of its kind")
         super().load_state_dict(state_dict)
-        R = self._R
+        R, self._pending, self._units = self._R, None, None
         steps, skipped = extra["steps"], extra["skipped_steps"]
         self._moved = list(steps) if isinstance(steps, list) else [int(steps)] * R
         self._skipped = list(skipped) if isinstance(skipped, list) else [int(skipped)] * R
@@ -651,6 +752,20 @@ def _dots(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     if u.device.type == "cpu":
         return torch.stack([torch.dot(a, b) for a, b in zip(u, g)]).double()
     return (u * g).sum(dim=1, dtype=torch.float64)
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    """Whether ECD's steps run without reading scalars to the host: off the CPU (on a CPU the
+    host and the arithmetic are one, and the host path computes its scalars exactly)."""
+    return t.device.type != "cpu"
+
+
+class _Units(NamedTuple):
+    """Constants of :meth:`ECD._step_on_device` (see :meth:`ECD._prepare_units`)."""
+    dt: torch.Tensor  # [U] float64
+    same: torch.Tensor  # [U, U] float64, 1 where two units share a dot product
+    of_slice: list[torch.Tensor]  # per slice: its units
+    columns: list[torch.Tensor | None]  # per slice: each column's unit within the slice
 
 
 class _Segments(NamedTuple):

@@ -91,6 +91,29 @@ def test_batched_resume_equals_uninterrupted(tmp_path, arm):
     assert not list((tmp_path / "cut" / "checkpoints").glob("*.pt"))
 
 
+def test_ecd_steps_on_a_device_train_the_host_runs_and_resume_exactly(tmp_path, float64,
+                                                                      monkeypatch):
+    """Off the CPU a batched ECD cohort without chaos steps on the device (nothing read to the
+    host between evaluations). Forced on the CPU, in float64: the histories of the host path,
+    to 1e-10, and a resumed run equal to the uninterrupted one."""
+    from gaugebook import optim
+
+    cfgs = [member("ecd-pt", "symmetric", 0, steps=24, eval_every=4, checkpoint_every=8),
+            member("ecd-pt", "bqv", 1, steps=24, eval_every=4, checkpoint_every=8)]
+    host = train_batched(cfgs, tmp_path / "host", progress=False)
+    monkeypatch.setattr(optim, "_on_device", lambda t: True)
+    full = train_batched(cfgs, tmp_path / "full", progress=False)
+    assert train_batched(cfgs, tmp_path / "cut", stop_after=11, progress=False) is None
+    resumed = train_batched(cfgs, tmp_path / "cut", progress=False)
+    for a, b, c in zip(host, full, resumed):
+        for key in ("train_loss", "val_loss", "distance"):
+            assert max(abs(x - y) / abs(y) for x, y in zip(b["history"][key],
+                                                           a["history"][key])) < 1e-10, key
+        assert b["history"]["path_length"] == a["history"]["path_length"]
+        assert b["history"]["skipped_steps"] == a["history"]["skipped_steps"]
+        assert c["history"] == {**b["history"], "wall_s": c["history"]["wall_s"]}
+
+
 def test_what_cannot_be_batched_is_refused_with_the_fix(tmp_path, capsys):
     with pytest.raises(ValueError, match="soap acts on whole matrices.*without --batched"):
         train_batched([member("adamw", "symmetric", 0, optimizer="soap",

@@ -494,13 +494,13 @@ def stacked(models):
 
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
 @pytest.mark.parametrize("foreach", [False, True])
-def test_members_follow_their_own_trajectories(projection, foreach):
+def test_members_follow_their_own_trajectories(projection, foreach, nu=0.2):
     """Three stacked models (own data, own chaos) follow, to 1e-10 over 50 steps, the runs of
     the same models alone; one member starts above F0 only later (its first steps skipped)."""
     R, steps = 3, 50
     data_r = [data(seed=10 + r) for r in range(R)]
     shifts = [0.0, 0.0, 0.0]
-    hp = dict(lr=0.2, eta=4.0, F0=-0.5, nu=0.2, weight_decay=0.1, projection=projection,
+    hp = dict(lr=0.2, eta=4.0, F0=-0.5, nu=nu, weight_decay=0.1, projection=projection,
               foreach=foreach)
     blocks = lambda m: [[m[0].weight, m[2].weight]] if projection == "per_tensor" else None  # noqa: E731
     alone = []
@@ -653,3 +653,79 @@ def test_per_tensor_dot_products_as_on_a_device_give_the_same_trajectories(monke
                         functools.partial(optim._segment_dots, segmented=True))
     test_trajectory_follows_the_equations("per_tensor", 0.3, True)
     test_members_follow_their_own_trajectories("per_tensor", True)
+
+
+def _force_steps_on_device(monkeypatch) -> list:
+    """Make ECD take its device steps on the CPU; the list records each one taken."""
+    from gaugebook import optim
+
+    taken, device_step = [], optim.ECD._step_on_device
+    monkeypatch.setattr(optim, "_on_device", lambda t: True)
+    monkeypatch.setattr(optim.ECD, "_step_on_device",
+                        lambda self, *args: taken.append(1) or device_step(self, *args))
+    return taken
+
+
+def test_steps_on_a_device_follow_the_same_trajectories(monkeypatch):
+    """Off the CPU a step without chaos, once every member has started, computes its
+    coefficients on the device and reads nothing to the host. Forced on the CPU: one model
+    follows the equations in both projections, with weight decay and with a partition, and
+    stacked members follow their runs alone (float64, the tolerances of the host path)."""
+    taken = _force_steps_on_device(monkeypatch)
+    for projection in ("global", "per_tensor"):
+        for weight_decay in (0.0, 0.3):
+            test_trajectory_follows_the_equations(projection, weight_decay, True)
+        test_members_follow_their_own_trajectories(projection, True, nu=0.0)
+    test_per_tensor_blocks_follow_the_equations()
+    test_mixed_dtypes()
+    assert len(taken) > 100
+
+
+def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
+    """A started member whose F falls below F0 keeps its weights and velocity on the device
+    path too; the counts, and the warning, come when they are read."""
+    def trained(on_device: bool):
+        models = [mlp(seed=r) for r in range(2)]
+        params, losses = stacked(models)
+        x, y = data()
+        x, y = torch.stack([x, x]), torch.stack([y, y])
+        opt = ECD(list(params.values()), lr=0.1, eta=1.0, F0=0.0, members=2,
+                  projection="per_tensor")
+        offset = torch.tensor([1.0, 1.0], dtype=DT)
+
+        def closure():
+            opt.zero_grad()
+            loss = losses(x, y) + offset
+            loss.sum().backward()
+            return loss
+        for step in range(6):
+            offset[1] = 1.0 if step < 2 else -100.0  # member 1: F < F0 from step 3 on
+            opt.step(closure)
+        return params, opt
+
+    with pytest.warns(RuntimeWarning, match="Lower F0"):  # at the step
+        host_params, host = trained(False)
+    assert host.skipped_steps == [0, 4]
+    taken = _force_steps_on_device(monkeypatch)
+    params, opt = trained(True)
+    assert len(taken) == 5 and opt._pending is not None  # counted later
+    with pytest.warns(RuntimeWarning, match="Lower F0"):
+        assert opt.steps == [6, 2] and opt.skipped_steps == [0, 4]
+    for name, q in params.items():
+        assert (q - host_params[name]).abs().max() < 1e-12, name
+    for p, q in zip(params.values(), host_params.values()):
+        velocity, expected = opt.state[p]["velocity"], host.state[q]["velocity"]
+        assert (velocity - expected).abs().max() < 1e-12
+
+
+def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(monkeypatch):
+    _force_steps_on_device(monkeypatch)
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.1, eta=1.0, F0=-1.0)
+    closure = closure_for(model, opt, x, y)
+    opt.step(closure)
+    x[0, 0] = float("nan")
+    opt.step(closure)
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at or before step 2"):
+        opt.steps
