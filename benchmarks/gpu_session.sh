@@ -75,7 +75,9 @@ saver=$!
 paper() {  # $1: seconds; "${@:2}": extra options; runs stopped by max_wall_s are evaluated
   local wall=$1; shift
   echo "=== part $PART, $wall s, options: $*" >> "$OUT/paper.log"
-  timeout $(( wall + 60 )) python3 -m gaugebook.experiment --preset "$PRESET" --part "$PART" \
+  # perf_hints: why torch.compile skipped CUDA graphs, if it did (it then runs without them)
+  TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
+    --preset "$PRESET" --part "$PART" \
     --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
     --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "$@" >> "$OUT/paper.log" 2>&1
 }
