@@ -7,9 +7,11 @@
 #      (gaugebook.experiment.plan_parts: one part when none is recorded), then, planned again from
 #      this call's own runs, each further part that fits in the time left. Batched, one cohort per
 #      arm, compiled and replayed as CUDA graphs (CUDA_GRAPHS=0: without); runs still going when
-#      the time is up are evaluated there and marked truncated. If training fails within its
-#      first two minutes, it is retried once without CUDA graphs (if they were on), else
-#      uncompiled; a part that fails twice ends the training   paper.tar, paper.log
+#      the time is up are evaluated there and marked truncated. Ways to train, fastest first:
+#      graphs (torch.compile must capture them: a skip is an error), compiled with inductor's
+#      C++ wrapper (kernels launched from C++), compiled, uncompiled. A part that fails within two
+#      minutes is retried the next way, which the rest of the call keeps; a part that fails
+#      later, or in the last way, ends the training              paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
@@ -42,6 +44,7 @@ BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) -
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
+WAYS=${WAYS:-graphs cpp compiled eager}; [ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs cpp }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -72,14 +75,18 @@ snapshot() { tar -C /tmp/grid --exclude=checkpoints --exclude='*.lock' --exclude
   -cf "$OUT/paper.tar.tmp" "$PRESET" && mv "$OUT/paper.tar.tmp" "$OUT/paper.tar"; }
 ( while sleep 20; do snapshot; done ) &
 saver=$!
-paper() {  # $1: seconds; "${@:2}": extra options; runs stopped by max_wall_s are evaluated
-  local wall=$1; shift
-  echo "=== part $PART, $wall s, options: $*" >> "$OUT/paper.log"
-  # perf_hints: why torch.compile skipped CUDA graphs, if it did (it then runs without them)
-  TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
+paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s are evaluated
+  local wall=$1 way=${WAYS%% *} options=() env=()
+  case $way in
+    graphs) options=(--cuda-graphs); env=(TORCHINDUCTOR_CUDAGRAPH_OR_ERROR=1) ;;
+    cpp) env=(TORCHINDUCTOR_CPP_WRAPPER=1) ;;
+    eager) options=(--set compile=false) ;;
+  esac
+  echo "=== part $PART, $wall s, $way" | tee -a "$OUT/paper.log"
+  env "${env[@]}" TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
     --preset "$PRESET" --part "$PART" \
     --batched --workers 3 --data-workers "$DATA_WORKERS" --device "$DEVICE" \
-    --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "$@" >> "$OUT/paper.log" 2>&1
+    --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "${options[@]}" >> "$OUT/paper.log" 2>&1
 }
 failed() { ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1; }
 if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
@@ -89,18 +96,16 @@ if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if 
 fi
 END=$(( $(date +%s) + WALL )); tried=
 while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
-  start=$(date +%s); tried=$PART
-  if [ "$CUDA_GRAPHS" = 1 ]; then paper $(( END - start )) --cuda-graphs; else
-    paper $(( END - start )); fi
-  echo "paper $PART exit $? after $(( $(date +%s) - start )) s"
-  if failed && [ $(( $(date +%s) - start )) -lt 120 ]; then  # at once: without graphs, compile
-    echo "paper failed early: $(cat "/tmp/grid/$PRESET"/*.error.json | head -c 600)"
-    rm -f "/tmp/grid/$PRESET"/*.error.json; start=$(date +%s)
-    if [ "$CUDA_GRAPHS" = 1 ]; then CUDA_GRAPHS=0; paper $(( END - start )); else
-      paper $(( END - start )) --set compile=false; fi
-    echo "paper $PART (retried) exit $? after $(( $(date +%s) - start )) s"
-  fi
-  [ "$AUTO" = 1 ] && ! failed && [ $(( END - $(date +%s) )) -gt 60 ] || break
+  tried=$PART
+  while :; do
+    start=$(date +%s); paper $(( END - start )); rc=$?
+    echo "paper $PART exit $rc after $(( $(date +%s) - start )) s"
+    { failed || [ $rc != 0 ]; } && [ $(( $(date +%s) - start )) -lt 120 ] \
+      && [ "$WAYS" != "${WAYS#* }" ] || break
+    echo "failed early: $(cat "/tmp/grid/$PRESET"/*.error.json 2>/dev/null | head -c 600)"
+    rm -f "/tmp/grid/$PRESET"/*.error.json; WAYS=${WAYS#* }  # the next way, from now on
+  done
+  [ "$AUTO" = 1 ] && ! failed && [ $rc = 0 ] && [ $(( END - $(date +%s) )) -gt 60 ] || break
   PART=$(plan $(( END - $(date +%s) )) False)  # from this call's times too: what still fits
 done
 kill $saver; snapshot
@@ -117,7 +122,7 @@ if [ "$BENCH" = 1 ] && [ "$(left)" -ge 180 ]; then  # else a later call (a cut J
   start=$(date +%s)
   timeout 170 python3 benchmarks/bench_grid.py \
     --device "$DEVICE" --preset "$PRESET" --part "$BENCH_PART" --steps "$BENCH_STEPS" \
-    --data-workers 2 $([ "$CUDA_GRAPHS" = 1 ] && echo --cuda-graphs) \
+    --data-workers 2 $([ "${WAYS%% *}" = graphs ] && echo --cuda-graphs) \
     --out "$OUT/grid_h200.json" >> "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"
   tail -c 2500 "$OUT/grid.log"
