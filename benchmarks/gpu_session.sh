@@ -9,9 +9,10 @@
 #      arm, compiled and replayed as CUDA graphs (CUDA_GRAPHS=0: without); runs still going when
 #      the time is up are evaluated there and marked truncated. Ways to train, fastest first:
 #      graphs (torch.compile must capture them: a skip is an error), compiled with inductor's
-#      C++ wrapper (kernels launched from C++), compiled, uncompiled. A part that fails within two
-#      minutes is retried the next way, which the rest of the call keeps; a part that fails
-#      later, or in the last way, ends the training              paper.tar, paper.log
+#      C++ wrapper (kernels launched from C++), compiled, uncompiled. A part that fails within
+#      three minutes (compilation included) is retried the next way, which the rest of the call
+#      keeps; a part that fails later, or in the last way, ends the training
+#                                                                       paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
@@ -44,7 +45,7 @@ BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) -
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
-WAYS=${WAYS:-graphs cpp compiled eager}; [ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs cpp }
+WAYS=${WAYS:-graphs cpp compiled eager}; [ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -80,7 +81,8 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
   case $way in
     graphs) options=(--cuda-graphs); env=(TORCHINDUCTOR_CUDAGRAPH_OR_ERROR=1) ;;
     cpp) env=(TORCHINDUCTOR_CPP_WRAPPER=1) ;;
-    eager) options=(--set compile=false) ;;
+    eager) options=(--set compile=false)  # other settings: a compiled way's checkpoint is refused
+      rm -rf "/tmp/grid/$PRESET/checkpoints" ;;
   esac
   echo "=== part $PART, $wall s, $way" | tee -a "$OUT/paper.log"
   env "${env[@]}" TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
@@ -96,11 +98,11 @@ if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if 
 fi
 END=$(( $(date +%s) + WALL )); tried=
 while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
-  tried=$PART
-  while :; do
+  tried=$PART; rc=1
+  while [ $(( END - $(date +%s) )) -gt 30 ]; do
     start=$(date +%s); paper $(( END - start )); rc=$?
     echo "paper $PART exit $rc after $(( $(date +%s) - start )) s"
-    { failed || [ $rc != 0 ]; } && [ $(( $(date +%s) - start )) -lt 120 ] \
+    { failed || [ $rc != 0 ]; } && [ $(( $(date +%s) - start )) -lt 180 ] \
       && [ "$WAYS" != "${WAYS#* }" ] || break
     echo "failed early: $(cat "/tmp/grid/$PRESET"/*.error.json 2>/dev/null | head -c 600)"
     rm -f "/tmp/grid/$PRESET"/*.error.json; WAYS=${WAYS#* }  # the next way, from now on

@@ -183,7 +183,7 @@ class ECD(Optimizer):
         self._pending = None  # steps on the device not yet counted: moved, skipped, not finite
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
-        self._units: _Units | None = None  # the device step's constants, set on its first use
+        self._units: _Units | None = None  # the device step's constants, set with the layout
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
 
@@ -289,7 +289,7 @@ class ECD(Optimizer):
             self._moved[r] += int(moved[r])
             self._skipped[r] += int(skipped[r])
         if any(bad):
-            r = bad.index(True)
+            r = next(i for i, b in enumerate(bad) if b)
             raise FloatingPointError(
                 f"ECD: a non-finite loss or gradient at or before step "
                 f"{self._moved[r] + self._skipped[r]}" + (f", member {r}" if self.members else "")
@@ -374,6 +374,7 @@ class ECD(Optimizer):
         self._order = (None if order == sorted(order) else
                        torch.tensor(sorted(range(len(order)), key=order.__getitem__),
                                     device=device))
+        self._prepare_units(device)  # here, where a step synchronises anyway
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -651,7 +652,7 @@ class ECD(Optimizer):
         with :math:`F \le F_0` keeps its weights and velocity; its count, and a non-finite loss
         or gradient, are read later (:meth:`_settle`). Without chaos (``nu = 0``), once every
         member has made its first step."""
-        if self._units is None:
+        if self._units.rates != self._rates():  # a learning rate or eta changed
             self._prepare_units(F.device)
         eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
         d = self.dimension
@@ -680,21 +681,24 @@ class ECD(Optimizer):
         counts = torch.stack([moving.long(), (~moving).long(), bad.long()])
         self._pending = counts if self._pending is None else self._pending + counts
 
+    def _rates(self) -> tuple:
+        return float(self._shared("eta")), tuple(group["lr"] for group in self.param_groups)
+
     def _prepare_units(self, device: torch.device) -> None:
-        """The device step's constants: per unit (a parameter, or for the global projection a
-        slice) its dt, the 0/1 matrix of units whose partial sums form its dot product (one
-        tensor of the partition; global: all), and per slice its units and, per-tensor, the unit
-        (within the slice) of each column."""
+        """The device step's constants, for the present learning rates and eta: per unit (a
+        parameter, or for the global projection a slice) its dt, the 0/1 matrix of units whose
+        partial sums form its dot product (one tensor of the partition; global: all), and per
+        slice its units and, per-tensor, the unit (within the slice) of each column."""
         sqrt_eta, params = math.sqrt(float(self._shared("eta"))), self._params()
         per_tensor = self._shared("projection") == "per_tensor"
         dt, of_slice, columns = [], [], []
-        for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
+        for s, (group, _, start, stop, idx, *_) in enumerate(self._layout):
             if per_tensor:
                 of_slice.append(torch.tensor(idx, device=device))
                 dt += [group["lr"] / sqrt_eta] * len(idx)
                 sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
                 columns.append(torch.repeat_interleave(torch.arange(len(idx), device=device),
-                                                       sizes))
+                                                       sizes, output_size=stop - start))
             else:
                 of_slice.append(torch.tensor([s], device=device))
                 dt.append(group["lr"] / sqrt_eta)
@@ -707,7 +711,7 @@ class ECD(Optimizer):
         else:
             same = torch.ones(len(dt), len(dt), dtype=torch.float64, device=device)
         self._units = _Units(torch.tensor(dt, dtype=torch.float64, device=device), same,
-                             of_slice, columns)
+                             of_slice, columns, self._rates())
 
     def state_dict(self) -> dict:
         """torch's optimizer state plus ``"ecd"``: step counters, which members have started and
@@ -766,6 +770,7 @@ class _Units(NamedTuple):
     same: torch.Tensor  # [U, U] float64, 1 where two units share a dot product
     of_slice: list[torch.Tensor]  # per slice: its units
     columns: list[torch.Tensor | None]  # per slice: each column's unit within the slice
+    rates: tuple  # (eta, the groups' learning rates) they were computed for
 
 
 class _Segments(NamedTuple):

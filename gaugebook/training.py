@@ -494,7 +494,8 @@ def _step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor) -> None:
         (loss.sum() if cohort.batched else loss).backward()
         return loss
 
-    loss = optimizer.step(closure).detach().float()
+    # a copy: the returned loss may be a CUDA graph's output, overwritten by its next replay
+    loss = optimizer.step(closure).detach().float().clone()
     cohort.window = loss if cohort.window is None else cohort.window + loss  # no sync per step
     cohort.step += 1
     cohort.tokens += cohort.cfg.batch_size * cohort.cfg.block_size

@@ -38,8 +38,12 @@ def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
 def test_cuda_graphs_replay_the_compiled_cohort_exactly(tmp_path):
     cfgs = [override(c, ["steps=30", "eval_every=10", "compile=true", "autocast_bf16=true"])
             for c in select_runs("paper-smoke", "seed0-pt")]
+    from torch._dynamo.utils import counters
+
     plain = train_batched(cfgs, tmp_path / "plain", "cuda", progress=False)
+    skips = counters["inductor"]["cudagraph_skips"]
     graphs = train_batched(cfgs, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
+    assert counters["inductor"]["cudagraph_skips"] == skips  # the graphs were captured
     for a, b in zip(plain, graphs):
         for x, y in zip(a["history"]["val_loss"], b["history"]["val_loss"]):
             assert abs(x - y) <= 1e-5 * abs(x), a["name"]

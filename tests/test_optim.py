@@ -147,7 +147,7 @@ def test_foreach_equals_reference():
         assert diff < 1e-14
 
 
-def test_mixed_dtypes():
+def test_mixed_dtypes(nu=0.1):
     """Velocities live in one flat buffer per dtype; both paths handle several dtypes."""
     x, y = data(dtype=torch.float32)
     trajectories = []
@@ -156,7 +156,7 @@ def test_mixed_dtypes():
         model[2].double()
         torch.manual_seed(5)
         opt = ECD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.1}],
-                  lr=0.3, eta=2.0, F0=-1.0, nu=0.1, weight_decay=0.01, foreach=foreach)
+                  lr=0.3, eta=2.0, F0=-1.0, nu=nu, weight_decay=0.01, foreach=foreach)
 
         def closure():
             opt.zero_grad()
@@ -677,8 +677,31 @@ def test_steps_on_a_device_follow_the_same_trajectories(monkeypatch):
             test_trajectory_follows_the_equations(projection, weight_decay, True)
         test_members_follow_their_own_trajectories(projection, True, nu=0.0)
     test_per_tensor_blocks_follow_the_equations()
-    test_mixed_dtypes()
+    test_mixed_dtypes(nu=0.0)  # two groups with their own lr, two dtypes
     assert len(taken) > 100
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+def test_steps_on_a_device_follow_a_change_of_learning_rate(projection, monkeypatch):
+    """Groups with their own lr and a change of lr mid-run (as a scheduler makes it): the device
+    path follows the host path (float64, 1e-12)."""
+    x, y = data()
+    trajectories = []
+    for forced in (False, True):
+        if forced:
+            _force_steps_on_device(monkeypatch)
+        model = mlp()
+        opt = ECD([{"params": model[0].parameters()}, {"params": model[2].parameters(),
+                                                        "lr": 0.1}],
+                  lr=0.3, eta=2.0, F0=-1.0, projection=projection)
+        closure = closure_for(model, opt, x, y)
+        for step in range(8):
+            if step == 4:
+                for group in opt.param_groups:
+                    group["lr"] /= 2
+            opt.step(closure)
+        trajectories.append(flat(model).clone())
+    assert (trajectories[0] - trajectories[1]).abs().max() < 1e-12
 
 
 def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
@@ -727,5 +750,6 @@ def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(monke
     opt.step(closure)
     x[0, 0] = float("nan")
     opt.step(closure)
-    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at or before step 2"):
+    opt.step(closure)
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at or before step 3"):
         opt.steps
