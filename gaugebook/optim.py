@@ -183,7 +183,7 @@ class ECD(Optimizer):
         self._pending = None  # steps on the device not yet counted: moved, skipped, not finite
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
-        self._units: _Units | None = None  # the device step's constants, set with the layout
+        self._units: _Units | None = None  # the device step's constants (off the CPU)
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
 
@@ -374,7 +374,8 @@ class ECD(Optimizer):
         self._order = (None if order == sorted(order) else
                        torch.tensor(sorted(range(len(order)), key=order.__getitem__),
                                     device=device))
-        self._prepare_units(device)  # here, where a step synchronises anyway
+        if _on_device(params[0]):  # here, where a step synchronises anyway
+            self._prepare_units(device)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -652,7 +653,7 @@ class ECD(Optimizer):
         with :math:`F \le F_0` keeps its weights and velocity; its count, and a non-finite loss
         or gradient, are read later (:meth:`_settle`). Without chaos (``nu = 0``), once every
         member has made its first step."""
-        if self._units.rates != self._rates():  # a learning rate or eta changed
+        if self._units is None or self._units.rates != self._rates():  # (lr or eta changed)
             self._prepare_units(F.device)
         eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
         d = self.dimension
@@ -697,8 +698,9 @@ class ECD(Optimizer):
                 of_slice.append(torch.tensor(idx, device=device))
                 dt += [group["lr"] / sqrt_eta] * len(idx)
                 sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
-                columns.append(torch.repeat_interleave(torch.arange(len(idx), device=device),
-                                                       sizes, output_size=stop - start))
+                units = torch.arange(len(idx), dtype=torch.int32, device=device)  # 4 bytes
+                columns.append(torch.repeat_interleave(units, sizes,  # per column, read a step
+                                                       output_size=stop - start))
             else:
                 of_slice.append(torch.tensor([s], device=device))
                 dt.append(group["lr"] / sqrt_eta)

@@ -709,22 +709,18 @@ def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
     return found
 
 
-def _train(cfgs: list[RunConfig], out: Path, device, batched: bool, *, position: int,
-           stop_after: int | None, progress: bool, data_workers: int,
-           cuda_graphs: bool) -> list[dict] | None:
+def _train(cfgs: list[RunConfig], out: Path, device, batched: bool,
+           **options) -> list[dict] | None:
+    """``options``: the keywords of :func:`_train_locked` after ``batched``."""
     device = torch.device(device)
-    if cuda_graphs and device.type != "cuda":
+    if options["cuda_graphs"] and device.type != "cuda":
         raise ValueError(f"cuda_graphs needs a CUDA device, not {device}: drop --cuda-graphs")
     out.mkdir(parents=True, exist_ok=True)
     if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
-        return _train_locked(cfgs, out, device, batched, position=position,
-                             stop_after=stop_after, progress=progress, data_workers=data_workers,
-                             cuda_graphs=cuda_graphs)
+        return _train_locked(cfgs, out, device, batched, **options)
     with _run_locks(out, cfgs):
         _remove_stale_temporaries(out, cfgs)
-        return _train_locked(cfgs, out, device, batched, position=position,
-                             stop_after=stop_after, progress=progress, data_workers=data_workers,
-                             cuda_graphs=cuda_graphs)
+        return _train_locked(cfgs, out, device, batched, **options)
 
 
 def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batched: bool, *,
