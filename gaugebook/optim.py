@@ -121,7 +121,8 @@ class ECD(Optimizer):
             one flat buffer per dtype for the step (a transient of the size of the parameters);
             the partial dot products come in a few kernels whatever the number of tensors, and
             each member's kick, normalisation and drift are a few multi-tensor kernels with
-            scalars computed on the host. ``False``: the reference path, one tensor at a time.
+            scalars computed on the host (off the CPU without chaos, on the device: below).
+            ``False``: the reference path, one tensor at a time.
             Both compute the same numbers up to round-off.
 
     ``step(closure)`` needs a closure that zeroes the gradients, computes the loss (a scalar; with
