@@ -6,12 +6,13 @@
 #      after another for WALL seconds (440): first the ones the recorded runs' times say fit
 #      (gaugebook.experiment.plan_parts: one part when none is recorded), then, planned again from
 #      this call's own runs, each further part that fits in the time left. Batched, one cohort per
-#      arm, compiled and replayed as CUDA graphs (CUDA_GRAPHS=0: without); runs still going when
-#      the time is up are evaluated there and marked truncated. Ways to train, fastest first:
-#      graphs (torch.compile must capture them: a skip is an error), compiled with inductor's
-#      C++ wrapper (kernels launched from C++), compiled, uncompiled. A part that fails within
-#      three minutes (compilation included) is retried the next way, which the rest of the call
-#      keeps; a part that fails later, or in the last way, ends the training
+#      arm, each cohort's whole step captured as a CUDA graph (CUDA_GRAPHS=0: not); runs still
+#      going when the time is up are evaluated there and marked truncated. Ways to train, fastest
+#      first: graphs (compiled, the step replayed as a CUDA graph), graphs-eager (the same,
+#      uncompiled), cpp (compiled with inductor's C++ wrapper: kernels launched from C++),
+#      compiled, eager. A part that fails within three minutes (compilation included) is retried
+#      the next way, which the rest of the call keeps; a part that fails later, or in the last
+#      way, ends the training
 #                                                                       paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
@@ -45,7 +46,8 @@ BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) -
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
-WAYS=${WAYS:-graphs cpp compiled eager}; [ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs }
+WAYS=${WAYS:-graphs graphs-eager cpp compiled eager}
+[ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs graphs-eager }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -79,10 +81,10 @@ saver=$!
 paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s are evaluated
   local wall=$1 way=${WAYS%% *} options=() env=()
   case $way in
-    graphs) options=(--cuda-graphs); env=(TORCHINDUCTOR_CUDAGRAPH_OR_ERROR=1) ;;
+    graphs) options=(--cuda-graphs) ;;
+    graphs-eager) options=(--cuda-graphs --set compile=false) ;;
     cpp) env=(TORCHINDUCTOR_CPP_WRAPPER=1) ;;
-    eager) options=(--set compile=false)  # other settings: a compiled way's checkpoint is refused
-      rm -rf "/tmp/grid/$PRESET/checkpoints" ;;
+    eager) options=(--set compile=false) ;;
   esac
   echo "=== part $PART, $wall s, $way" | tee -a "$OUT/paper.log"
   env "${env[@]}" TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
@@ -91,6 +93,7 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
     --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "${options[@]}" >> "$OUT/paper.log" 2>&1
 }
 failed() { ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1; }
+compiled() { case $1 in *eager) echo no ;; *) echo yes ;; esac; }
 if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
   timeout 30 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
     --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1
@@ -100,12 +103,15 @@ END=$(( $(date +%s) + WALL )); tried=
 while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
   tried=$PART; rc=1
   while [ $(( END - $(date +%s) )) -gt 30 ]; do
-    start=$(date +%s); paper $(( END - start )); rc=$?
+    start=$(date +%s); tried_way=${WAYS%% *}; paper $(( END - start )); rc=$?
     echo "paper $PART exit $rc after $(( $(date +%s) - start )) s"
     { failed || [ $rc != 0 ]; } && [ $(( $(date +%s) - start )) -lt 180 ] \
       && [ "$WAYS" != "${WAYS#* }" ] || break
     echo "failed early: $(cat "/tmp/grid/$PRESET"/*.error.json 2>/dev/null | head -c 600)"
     rm -f "/tmp/grid/$PRESET"/*.error.json; WAYS=${WAYS#* }  # the next way, from now on
+    # a checkpoint written compiled is refused uncompiled (other settings), and the other way
+    [ "$(compiled "$tried_way")" = "$(compiled "${WAYS%% *}")" ] \
+      || rm -rf "/tmp/grid/$PRESET/checkpoints"
   done
   [ "$AUTO" = 1 ] && ! failed && [ $rc = 0 ] && [ $(( END - $(date +%s) )) -gt 60 ] || break
   PART=$(plan $(( END - $(date +%s) )) False)  # from this call's times too: what still fits

@@ -326,8 +326,8 @@ def main(argv=None) -> None:
                         help="processes that prefetch the training batches of each run or "
                              "cohort (default 0: none)")
     parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay the compiled forward and backward as CUDA graphs (CUDA, "
-                             "with compile=true: the same numbers, far fewer kernel launches)")
+                        help="capture each run's (or cohort's) whole training step as a CUDA "
+                             "graph and replay it (CUDA: the same numbers, one launch per step)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
                              "(VALUE is read as JSON where it parses, else as a string; the "
@@ -351,10 +351,6 @@ def main(argv=None) -> None:
                              "distinct tags or drop the --set that made them equal")
         if args.batched:
             cohorts(runs)  # refuses optimizers that do not batch, before any training
-        if args.cuda_graphs and not args.device.startswith("cuda"):
-            raise ValueError(f"--cuda-graphs needs a CUDA device, not --device {args.device}")
-        if args.cuda_graphs and not all(cfg.compile for cfg in runs):
-            raise ValueError("--cuda-graphs replays the compiled model: add --set compile=true")
         if args.workers < 1 or args.data_workers < 0:
             raise ValueError("--workers must be >= 1 and --data-workers >= 0")
         if args.list:
@@ -362,7 +358,7 @@ def main(argv=None) -> None:
                 print(cfg.name)
             return
         out = args.out or Path("runs") / args.preset
-        check_runs(runs, out, args.device)
+        check_runs(runs, out, args.device, args.cuda_graphs)
     except ValueError as e:
         parser.error(str(e))
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:

@@ -250,12 +250,14 @@ class GPT(nn.Module):
 
     def _check_tokens(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
         """Token ids in ``[0, vocab_size)``, a non-empty batch, some target not ignored. Skipped
-        while compiling or under vmap (the checks read values to the host)."""
+        while compiling, under vmap or while a CUDA graph is captured (the checks read values to
+        the host)."""
         if idx.numel() == 0:
             raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
         if idx.is_floating_point() or idx.is_complex():
             raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
-        if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(idx):
+        if (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(idx)
+                or idx.is_cuda and torch.cuda.is_current_stream_capturing()):
             return
         low, high = int(idx.min()), int(idx.max())
         if low < 0 or high >= self.config.vocab_size:

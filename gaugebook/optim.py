@@ -181,7 +181,9 @@ class ECD(Optimizer):
         self._generators = [torch.Generator(device=device).manual_seed(int(s))
                             for s in chaos_seeds]
         self._moved, self._skipped, self._started = [0] * R, [0] * R, [False] * R
-        self._pending = None  # steps on the device not yet counted: moved, skipped, not finite
+        # off the CPU, the steps taken on the device and not yet counted, [3, R]: moved,
+        # skipped, not finite (added to in place, so that a CUDA graph's replays add up too)
+        self._pending: torch.Tensor | None = None
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
         self._units: _Units | None = None  # the device step's constants (off the CPU)
@@ -285,7 +287,7 @@ class ECD(Optimizer):
         if self._pending is None:
             return
         moved, skipped, bad = self._pending.tolist()
-        self._pending = None
+        self._pending.zero_()
         for r in range(self._R):
             self._moved[r] += int(moved[r])
             self._skipped[r] += int(skipped[r])
@@ -377,6 +379,7 @@ class ECD(Optimizer):
                                     device=device))
         if _on_device(params[0]):  # here, where a step synchronises anyway
             self._prepare_units(device)
+            self._pending = torch.zeros(3, R, dtype=torch.long, device=device)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -681,7 +684,7 @@ class ECD(Optimizer):
                                     alpha=dt)
         bad = ~(torch.isfinite(F) & torch.isfinite(vg.sum(1)) & torch.isfinite(gg.sum(1)))
         counts = torch.stack([moving.long(), (~moving).long(), bad.long()])
-        self._pending = counts if self._pending is None else self._pending + counts
+        self._pending.add_(counts)
 
     def _rates(self) -> tuple:
         return float(self._shared("eta")), tuple(group["lr"] for group in self.param_groups)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -47,6 +48,7 @@ from gaugebook.interpret import alignment_scores
 from gaugebook.optim import make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
 from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
+from gaugebook.step_graph import CapturedStep
 
 __all__ = ["train", "train_batched", "cohorts", "check_runs", "provenance", "write_json_atomic",
            "optimizer_state_bytes"]
@@ -274,6 +276,7 @@ class _Cohort:
     params: dict[str, torch.Tensor]  # name -> parameter (alone) or stacked [R, ...] (batched)
     optimizer: object
     loss: object  # (x, y, draws) -> loss
+    train_step: object  # (x, y, draws) -> loss, after the optimizer's step on it
     init: dict[str, torch.Tensor]  # the parameters at step 0, for the distance travelled
     step: int = 0
     elapsed: float = 0.0
@@ -281,7 +284,7 @@ class _Cohort:
     window: torch.Tensor | None = None  # summed training losses since the last measurement
     window_start: int = 0
     ckpt_path: Path | None = None
-    cuda_graphs: bool = False  # the compiled loss replays CUDA graphs (mark each step's start)
+    cuda_graphs: bool = False  # the step is replayed as a CUDA graph (no autocast cache)
 
     @property
     def cfg(self) -> RunConfig:
@@ -289,7 +292,7 @@ class _Cohort:
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16,
-                              enabled=self.cfg.autocast_bf16)
+                              enabled=self.cfg.autocast_bf16, cache_enabled=not self.cuda_graphs)
 
     def member_params(self, r: int) -> dict[str, torch.Tensor]:
         return {n: p[r] for n, p in self.params.items()} if self.batched else self.params
@@ -322,12 +325,11 @@ def _batched_loss(base: GPT):
 
 def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
            cuda_graphs: bool = False) -> _Cohort:
-    """Members, the optimizer over their parameters (stacked when batched), and the loss
-    (compiled with ``cfg.compile``; with ``cuda_graphs`` its forward and backward are replayed
-    as CUDA graphs, torch.compile's mode ``reduce-overhead``: one launch instead of hundreds)."""
+    """Members, the optimizer over their parameters (stacked when batched), the loss (compiled
+    with ``cfg.compile``) and the training step (with ``cuda_graphs`` the whole step, forward,
+    backward and update, replayed as one CUDA graph: one launch instead of hundreds)."""
     members = [_member(cfg, device) for cfg in cfgs]
     cfg, world = cfgs[0], _rank_world()[1]
-    mode = "reduce-overhead" if cuda_graphs else None
     if not batched:
         model = members[0].model
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -336,21 +338,18 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
             train_model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         if cfg.compile:
-            train_model = torch.compile(train_model, mode=mode)
+            train_model = torch.compile(train_model)
 
         def loss(x, y, draws):
             return train_model(x, y, bias_draws=draws[0])[1]
     else:
         stacked, _ = stack_module_state([m.model for m in members])
         params = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
-        if cuda_graphs:  # updated in place between replays: read where they are, not copied
-            for p in params.values():
-                torch._dynamo.mark_static_address(p)
         base_cfg = dataclasses.replace(members[0].model.config, symmetry_breaking="bqv", mu_v=0.0)
         base = GPT(base_cfg).to(device)
         batched_loss = _batched_loss(base)
         if cfg.compile:
-            batched_loss = torch.compile(batched_loss, mode=mode)
+            batched_loss = torch.compile(batched_loss)
 
         def loss(x, y, draws):
             return batched_loss(params, x, y, *draws)
@@ -359,14 +358,40 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
         extra["chaos_seeds"] = [m.chaos_seed for m in members]
         if batched:
             extra["members"] = len(members)
+    if cfg.optimizer == "adamw" and cuda_graphs:
+        extra["capturable"] = True  # its step counts stay on the device
     optimizer = _build_optimizer(cfg, members[0].model, params, **extra)
     if members[0].init_velocity is not None:  # SGDM's random initial momentum buffers
         for i, p in enumerate(params.values()):
             v = [m.init_velocity[i] for m in members]
             optimizer.state[p]["momentum_buffer"] = torch.stack(v) if batched else v[0]
     init = {n: p.detach().clone() for n, p in params.items()}
-    return _Cohort(members, device, batched, params, optimizer, loss, init,
-                   cuda_graphs=cuda_graphs and cfg.compile)
+    cohort = _Cohort(members, device, batched, params, optimizer, loss, None, init,
+                     cuda_graphs=cuda_graphs)
+    cohort.train_step = functools.partial(_optimizer_step, cohort)
+    if cuda_graphs:
+        cohort.train_step = CapturedStep(cohort.train_step, label=_label(cohort))
+    return cohort
+
+
+def _label(cohort: _Cohort) -> str:
+    cfg = cohort.cfg
+    return cfg.name if not cohort.batched else \
+        f"{len(cohort.members)} runs ({cfg.optimizer}, batched)"
+
+
+def _optimizer_step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor, draws) -> torch.Tensor:
+    """The optimizer's step of every member on ``x, y`` with the bias ``draws``; returns the
+    loss before it (``[R]`` batched, a scalar alone)."""
+    optimizer = cohort.optimizer
+
+    def closure():
+        optimizer.zero_grad(set_to_none=True)
+        with cohort.autocast():
+            loss = cohort.loss(x, y, draws)
+        (loss.sum() if cohort.batched else loss).backward()
+        return loss
+    return optimizer.step(closure)
 
 
 def _checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
@@ -482,20 +507,8 @@ def _train_batches(cohort: _Cohort, workers: int):
 def _step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor) -> None:
     """One optimizer step of every member on ``x, y``; the training loss is summed on the
     device."""
-    draws = _draws(cohort)
-    optimizer = cohort.optimizer
-    if cohort.cuda_graphs:  # the graphs' outputs of the last step (gradients, loss) are consumed
-        torch.compiler.cudagraph_mark_step_begin()
-
-    def closure():
-        optimizer.zero_grad(set_to_none=True)
-        with cohort.autocast():
-            loss = cohort.loss(x, y, draws)
-        (loss.sum() if cohort.batched else loss).backward()
-        return loss
-
-    # a copy: the returned loss may be a CUDA graph's output, overwritten by its next replay
-    loss = optimizer.step(closure).detach().float().clone()
+    # a copy: the loss may be a CUDA graph's output, overwritten by its next replay
+    loss = cohort.train_step(x, y, _draws(cohort)).detach().float().clone()
     cohort.window = loss if cohort.window is None else cohort.window + loss  # no sync per step
     cohort.step += 1
     cohort.tokens += cohort.cfg.batch_size * cohort.cfg.block_size
@@ -656,14 +669,32 @@ def _results(cohort: _Cohort, wall: float) -> list[dict]:
 
 # ----------------------------------------------------------------------------- entry points
 
-def check_runs(runs: list[RunConfig], out: Path, device: str) -> None:
+def _check_cuda_graphs(runs: list[RunConfig], device: torch.device) -> None:
+    """Whether the steps of ``runs`` can be captured as CUDA graphs; ValueError naming the fix."""
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}: drop --cuda-graphs")
+    if _rank_world()[1] > 1 or int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise ValueError("cuda_graphs captures one process's step: do not start it under torchrun")
+    for cfg in runs:
+        if cfg.optimizer not in BATCHABLE_OPTIMIZERS:
+            raise ValueError(f"cuda_graphs captures the steps of {BATCHABLE_OPTIMIZERS} only; "
+                             f"{cfg.name} uses {cfg.optimizer}: drop --cuda-graphs")
+        if cfg.optimizer == "ecd" and cfg.optimizer_hp.get("nu", 0) != 0:
+            raise ValueError(f"{cfg.name}: ECD's chaos (nu > 0) is applied on the host at every "
+                             "step, which a CUDA graph cannot replay: drop --cuda-graphs")
+
+
+def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool = False) -> None:
     """Everything that would otherwise fail after training started, checked before: the
-    device, a writable ``out`` and, for each optimizer setting, that the optimizer accepts it (on
-    a one-layer stand-in of the run's model). ValueError naming the problem."""
+    device, a writable ``out``, for each optimizer setting that the optimizer accepts it (on a
+    one-layer stand-in of the run's model), and with ``cuda_graphs`` that the steps can be
+    captured. ValueError naming the problem."""
     try:
         dev = torch.device(device)
     except RuntimeError as error:
         raise ValueError(f"--device {device!r} is not a device name ({error})") from None
+    if cuda_graphs:
+        _check_cuda_graphs(runs, dev)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -713,8 +744,8 @@ def _train(cfgs: list[RunConfig], out: Path, device, batched: bool,
            **options) -> list[dict] | None:
     """``options``: the keywords of :func:`_train_locked` after ``batched``."""
     device = torch.device(device)
-    if options["cuda_graphs"] and device.type != "cuda":
-        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}: drop --cuda-graphs")
+    if options["cuda_graphs"]:
+        _check_cuda_graphs(cfgs, device)
     out.mkdir(parents=True, exist_ok=True)
     if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
         return _train_locked(cfgs, out, device, batched, **options)
@@ -740,8 +771,7 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter() - cohort.elapsed
-    label = cfg.name if not batched else f"{len(todo)} runs ({cfg.optimizer}, batched)"
-    bar = tqdm(total=cfg.steps, initial=cohort.step, desc=label, position=position,
+    bar = tqdm(total=cfg.steps, initial=cohort.step, desc=_label(cohort), position=position,
                leave=position == 0, disable=rank != 0 or not progress, dynamic_ncols=True)
     final, batches = False, _train_batches(cohort, data_workers)
     while not final:
@@ -780,8 +810,9 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     """Train one run and write ``<out>/<name>.json``; return the result (``None`` if stopped early
     by ``stop_after``, which simulates an interruption in tests). ``progress=False`` hides the
     progress bar; ``data_workers`` processes prefetch the training batches (0: none);
-    ``cuda_graphs`` (CUDA, with ``compile``) replays the compiled forward and backward as CUDA
-    graphs (the same numbers, far fewer kernel launches from the host).
+    ``cuda_graphs`` (CUDA; ECD without chaos, AdamW or SGDM) captures the whole step, forward,
+    backward and update, as a CUDA graph after three steps and replays it (the same numbers, one
+    launch per step instead of hundreds).
 
     An existing result or checkpoint of the same name must hold the same configuration
     (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by

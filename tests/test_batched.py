@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gaugebook.experiment import (PAPER_CPU_ADAMW_LR, RunConfig, main, select_runs, train,
                                   train_batched)
@@ -112,6 +113,48 @@ def test_ecd_steps_on_a_device_train_the_host_runs_and_resume_exactly(tmp_path, 
         assert b["history"]["path_length"] == a["history"]["path_length"]
         assert b["history"]["skipped_steps"] == a["history"]["skipped_steps"]
         assert c["history"] == {**b["history"], "wall_s": c["history"]["wall_s"]}
+
+
+class HostReads(TorchDispatchMode):
+    """Records the operations that read a tensor's value to the host (on a GPU: a
+    synchronisation, which a CUDA graph's capture refuses); ``tolist`` does not dispatch, so the
+    test patches it."""
+    READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique")
+
+    def __init__(self, reads: list):
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.READS):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("arm", ["ecd-global", "ecd-pt", "adamw", "sgdm"])
+def test_a_batched_step_reads_nothing_to_the_host(monkeypatch, arm):
+    """What capturing the step as a CUDA graph (``cuda_graphs``) needs, checked on the CPU: after
+    its first steps, a batched cohort's training step (draws, forward, backward, update) reads
+    no value to the host; ECD without chaos, on its device path. ECD's host path does read, so
+    the check can fail."""
+    from gaugebook import optim, training
+
+    optimizer, hp = HP[arm]
+    hp = {**hp, "nu": 0.0} if optimizer == "ecd" else hp
+    cfgs = [member(arm, s, seed, optimizer_hp=hp) for s, seed in (("symmetric", 0), ("bqv", 1))]
+    for device_path in ([True, False] if optimizer == "ecd" else [True]):
+        monkeypatch.setattr(optim, "_on_device", lambda t: device_path)
+        cohort = training._setup(cfgs, torch.device("cpu"), True)
+        batches = training._train_batches(cohort, 0)
+        for _ in range(3):
+            training._step(cohort, *next(batches))
+        reads = []
+        tolist = torch.Tensor.tolist
+        with monkeypatch.context() as patch, HostReads(reads):
+            patch.setattr(torch.Tensor, "tolist", lambda t: reads.append("tolist") or tolist(t))
+            training._step(cohort, *next(batches))
+        assert (reads == []) == device_path, reads
+        assert cohort.optimizer.state_dict()  # the steps taken on the device add up
 
 
 def test_what_cannot_be_batched_is_refused_with_the_fix(tmp_path, capsys):

@@ -10,6 +10,7 @@ import torch
 
 from gaugebook.experiment import (RunConfig, main, override, presets, select_runs, train,
                                   write_json_atomic)
+from gaugebook.training import check_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,17 +103,21 @@ def test_unknown_names_list_the_valid_ones(capsys):
     assert "--preset is required; valid presets" in capsys.readouterr().err
 
 
-def test_cuda_graphs_need_a_cuda_device_and_a_compiled_model(capsys, tmp_path):
+def test_cuda_graphs_refuse_what_a_captured_step_cannot_replay(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["--preset", "paper-smoke", "--part", "seed0-pt", "--batched", "--device", "cpu",
               "--cuda-graphs", "--out", str(tmp_path)])
-    assert "--cuda-graphs needs a CUDA device, not --device cpu" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["--preset", "paper-smoke", "--part", "seed0-pt", "--device", "cuda:0",
-              "--cuda-graphs", "--set", "compile=false", "--out", str(tmp_path)])
-    assert "add --set compile=true" in capsys.readouterr().err
+    assert "cuda_graphs needs a CUDA device, not cpu: drop --cuda-graphs" in capsys.readouterr().err
     with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device, not cpu"):
         train(tiny(), tmp_path, "cpu", cuda_graphs=True)
+    # checked before the device is: these name the fix on any machine
+    chaos = tiny(optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0, nu=0.1))
+    with pytest.raises(ValueError, match=r"chaos \(nu > 0\) is applied on the host"):
+        check_runs([chaos], tmp_path, "cuda", cuda_graphs=True)
+    with pytest.raises(ValueError, match="uses soap: drop --cuda-graphs"):
+        check_runs([tiny(optimizer="soap", optimizer_hp=dict(lr=1e-3))], tmp_path, "cuda",
+                   cuda_graphs=True)
+    check_runs([tiny(optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0, nu=0.0))], tmp_path, "cpu")
 
 
 def test_list_without_a_preset_lists_every_preset_and_part(capsys):

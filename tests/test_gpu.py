@@ -1,6 +1,6 @@
 """Checks of the training engine that need a GPU (skipped without one; the GPU session script
-runs them): batched training under bf16 and torch.compile (with CUDA graphs too), and the
-batched paths on CUDA."""
+runs them): batched training under bf16 and torch.compile, the step captured as a CUDA graph,
+and the batched paths on CUDA."""
 import json
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 
 from gaugebook.experiment import main, override, select_runs, train, train_batched
 from gaugebook.optim import ECD
+from gaugebook.step_graph import CapturedStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -35,18 +36,51 @@ def test_a_batched_member_is_its_run_alone_on_cuda(tmp_path):
             assert abs(x - y) <= 1e-4 * abs(y), cfg.name
 
 
-def test_cuda_graphs_replay_the_compiled_cohort_exactly(tmp_path):
-    cfgs = [override(c, ["steps=30", "eval_every=10", "compile=true", "autocast_bf16=true"])
-            for c in select_runs("paper-smoke", "seed0-pt")]
-    from torch._dynamo.utils import counters
-
-    plain = train_batched(cfgs, tmp_path / "plain", "cuda", progress=False)
-    skips = counters["inductor"]["cudagraph_skips"]
-    graphs = train_batched(cfgs, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
-    assert counters["inductor"]["cudagraph_skips"] == skips  # the graphs were captured
+def histories_agree(plain, graphs, rel=1e-5):
     for a, b in zip(plain, graphs):
-        for x, y in zip(a["history"]["val_loss"], b["history"]["val_loss"]):
-            assert abs(x - y) <= 1e-5 * abs(x), a["name"]
+        for key in ("train_loss", "val_loss"):
+            for x, y in zip(a["history"][key], b["history"][key]):
+                assert abs(x - y) <= rel * abs(x), (a["name"], key)
+        assert a["history"]["path_length"] == b["history"]["path_length"], a["name"]
+        assert a["history"]["skipped_steps"] == b["history"]["skipped_steps"], a["name"]
+
+
+@pytest.mark.parametrize("part, compiled", [("seed0-pt", True), ("seed0-global", False),
+                                            ("seed0-adamw", False)])
+def test_a_captured_step_trains_the_cohort_as_the_plain_step(tmp_path, part, compiled, capsys):
+    """The whole step replayed as a CUDA graph (forward, backward, ECD's or fused AdamW's update)
+    gives the histories of the step launched kernel by kernel, compiled or not."""
+    cfgs = [override(c, ["steps=30", "eval_every=10", f"compile={str(compiled).lower()}",
+                         "autocast_bf16=true"])
+            for c in select_runs("paper-smoke", part)]
+    plain = train_batched(cfgs, tmp_path / "plain", "cuda", progress=False)
+    graphs = train_batched(cfgs, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
+    assert "captured as a CUDA graph at call 4" in capsys.readouterr().err
+    histories_agree(plain, graphs)
+
+
+def test_a_captured_step_trains_a_run_alone_as_the_plain_step(tmp_path, capsys):
+    (cfg,) = [override(c, ["steps=30", "eval_every=10", "compile=false"])
+              for c in select_runs("paper-smoke", "seed0-pt") if c.symmetry == "bqv"]
+    plain = train(cfg, tmp_path / "plain", "cuda", progress=False)
+    graphs = train(cfg, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
+    assert "captured as a CUDA graph" in capsys.readouterr().err
+    histories_agree([plain], [graphs])
+
+
+def test_captured_step_warms_up_then_replays_on_new_inputs():
+    weight = torch.zeros(3, device="cuda")
+
+    def step(x, extra):
+        weight.add_(x)
+        return weight.sum() + (0 if extra is None else extra.sum())
+    captured = CapturedStep(step, warmup=2)
+    for k in range(1, 6):
+        out = captured(torch.full((3,), float(k), device="cuda"), None)
+        assert (captured.graph is None) == (k <= 2)
+        assert out.item() == 3 * k * (k + 1) / 2  # each call added its own input
+    with pytest.raises(ValueError, match="differ in structure"):
+        captured(torch.ones(3, device="cuda"), torch.ones(1, device="cuda"))
 
 
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
