@@ -47,7 +47,7 @@ DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
 WAYS=${WAYS:-graphs graphs-eager cpp compiled eager}
-[ "$CUDA_GRAPHS" = 1 ] || WAYS=${WAYS#graphs graphs-eager }
+[ "$CUDA_GRAPHS" = 1 ] || WAYS=$(printf '%s\n' $WAYS | grep -v '^graphs' | xargs)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then  # packages the device image lacks (see benchmarks/README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -86,6 +86,11 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
     cpp) env=(TORCHINDUCTOR_CPP_WRAPPER=1) ;;
     eager) options=(--set compile=false) ;;
   esac
+  # a checkpoint written compiled is refused uncompiled (other settings), and the other way
+  local ckpt="/tmp/grid/$PRESET/checkpoints"
+  [ "$(cat "$ckpt/.compiled" 2>/dev/null || compiled "$way")" = "$(compiled "$way")" ] \
+    || rm -rf "$ckpt"
+  mkdir -p "$ckpt" && compiled "$way" > "$ckpt/.compiled"
   echo "=== part $PART, $wall s, $way" | tee -a "$OUT/paper.log"
   env "${env[@]}" TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
     --preset "$PRESET" --part "$PART" \
@@ -103,15 +108,12 @@ END=$(( $(date +%s) + WALL )); tried=
 while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
   tried=$PART; rc=1
   while [ $(( END - $(date +%s) )) -gt 30 ]; do
-    start=$(date +%s); tried_way=${WAYS%% *}; paper $(( END - start )); rc=$?
+    start=$(date +%s); paper $(( END - start )); rc=$?
     echo "paper $PART exit $rc after $(( $(date +%s) - start )) s"
     { failed || [ $rc != 0 ]; } && [ $(( $(date +%s) - start )) -lt 180 ] \
       && [ "$WAYS" != "${WAYS#* }" ] || break
     echo "failed early: $(cat "/tmp/grid/$PRESET"/*.error.json 2>/dev/null | head -c 600)"
     rm -f "/tmp/grid/$PRESET"/*.error.json; WAYS=${WAYS#* }  # the next way, from now on
-    # a checkpoint written compiled is refused uncompiled (other settings), and the other way
-    [ "$(compiled "$tried_way")" = "$(compiled "${WAYS%% *}")" ] \
-      || rm -rf "/tmp/grid/$PRESET/checkpoints"
   done
   [ "$AUTO" = 1 ] && ! failed && [ $rc = 0 ] && [ $(( END - $(date +%s) )) -gt 60 ] || break
   PART=$(plan $(( END - $(date +%s) )) False)  # from this call's times too: what still fits

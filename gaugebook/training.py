@@ -358,8 +358,6 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
         extra["chaos_seeds"] = [m.chaos_seed for m in members]
         if batched:
             extra["members"] = len(members)
-    if cfg.optimizer == "adamw" and cuda_graphs:
-        extra["capturable"] = True  # its step counts stay on the device
     optimizer = _build_optimizer(cfg, members[0].model, params, **extra)
     if members[0].init_velocity is not None:  # SGDM's random initial momentum buffers
         for i, p in enumerate(params.values()):
@@ -370,7 +368,7 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
                      cuda_graphs=cuda_graphs)
     cohort.train_step = functools.partial(_optimizer_step, cohort)
     if cuda_graphs:
-        cohort.train_step = CapturedStep(cohort.train_step, label=_label(cohort))
+        cohort.train_step = CapturedStep(cohort.train_step, device, label=_label(cohort))
     return cohort
 
 
@@ -682,6 +680,9 @@ def _check_cuda_graphs(runs: list[RunConfig], device: torch.device) -> None:
         if cfg.optimizer == "ecd" and cfg.optimizer_hp.get("nu", 0) != 0:
             raise ValueError(f"{cfg.name}: ECD's chaos (nu > 0) is applied on the host at every "
                              "step, which a CUDA graph cannot replay: drop --cuda-graphs")
+        if cfg.optimizer == "ecd" and cfg.optimizer_hp.get("foreach") is False:
+            raise ValueError(f"{cfg.name}: ECD's reference path (foreach=False) computes its "
+                             "coefficients on the host: drop --cuda-graphs or foreach=False")
 
 
 def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool = False) -> None:
@@ -768,6 +769,9 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     cohort = _setup(todo, device, batched, cuda_graphs)
     cohort.ckpt_path = _checkpoint_path(out, todo, batched)
     _resume(cohort)
+    if cfg.optimizer == "adamw":  # captured: step counts on the device (set after a checkpoint
+        for group in cohort.optimizer.param_groups:  # restored its own)
+            group["capturable"] = cuda_graphs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter() - cohort.elapsed

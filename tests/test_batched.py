@@ -133,10 +133,13 @@ class HostReads(TorchDispatchMode):
 
 @pytest.mark.parametrize("arm", ["ecd-global", "ecd-pt", "adamw", "sgdm"])
 def test_a_batched_step_reads_nothing_to_the_host(monkeypatch, arm):
-    """What capturing the step as a CUDA graph (``cuda_graphs``) needs, checked on the CPU: after
-    its first steps, a batched cohort's training step (draws, forward, backward, update) reads
-    no value to the host; ECD without chaos, on its device path. ECD's host path does read, so
-    the check can fail."""
+    """What capturing the step as a CUDA graph (``cuda_graphs``) needs, checked on the CPU as far
+    as a CPU can: after its first steps, a batched cohort's training step (draws, forward,
+    backward, update) calls nothing that reads a value to the host (``item``, ``float``,
+    ``bool``, ``tolist``, ``nonzero``, ...); ECD without chaos, on its device path, whose
+    counts add up. ECD's host path does read, so the check can fail. (Reads inside an operator,
+    and the kernels of a GPU, are checked by the GPU tests: their last warm-up step runs with
+    synchronisations made errors.)"""
     from gaugebook import optim, training
 
     optimizer, hp = HP[arm]
@@ -154,7 +157,8 @@ def test_a_batched_step_reads_nothing_to_the_host(monkeypatch, arm):
             patch.setattr(torch.Tensor, "tolist", lambda t: reads.append("tolist") or tolist(t))
             training._step(cohort, *next(batches))
         assert (reads == []) == device_path, reads
-        assert cohort.optimizer.state_dict()  # the steps taken on the device add up
+        if optimizer == "ecd":
+            assert cohort.optimizer.steps == [4, 4]  # the steps taken on the device add up
 
 
 def test_what_cannot_be_batched_is_refused_with_the_fix(tmp_path, capsys):

@@ -10,6 +10,7 @@ import torch
 
 from gaugebook.experiment import (RunConfig, main, override, presets, select_runs, train,
                                   write_json_atomic)
+from gaugebook.step_graph import CapturedStep
 from gaugebook.training import check_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +119,10 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_replay(capsys, tmp_path)
         check_runs([tiny(optimizer="soap", optimizer_hp=dict(lr=1e-3))], tmp_path, "cuda",
                    cuda_graphs=True)
     check_runs([tiny(optimizer_hp=dict(lr=1.0, eta=100.0, F0=1.0, nu=0.0))], tmp_path, "cpu")
+    with pytest.raises(ValueError, match="need a CUDA device, not cpu"):
+        CapturedStep(lambda x: x, "cpu")
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        CapturedStep(lambda x: x, "cuda", warmup=0)
 
 
 def test_list_without_a_preset_lists_every_preset_and_part(capsys):

@@ -1,6 +1,7 @@
 """Checks of the training engine that need a GPU (skipped without one; the GPU session script
 runs them): batched training under bf16 and torch.compile, the step captured as a CUDA graph,
 and the batched paths on CUDA."""
+import dataclasses
 import json
 
 import pytest
@@ -46,13 +47,18 @@ def histories_agree(plain, graphs, rel=1e-5):
 
 
 @pytest.mark.parametrize("part, compiled", [("seed0-pt", True), ("seed0-global", False),
-                                            ("seed0-adamw", False)])
+                                            ("seed0-adamw", False), ("sgdm", False)])
 def test_a_captured_step_trains_the_cohort_as_the_plain_step(tmp_path, part, compiled, capsys):
-    """The whole step replayed as a CUDA graph (forward, backward, ECD's or fused AdamW's update)
-    gives the histories of the step launched kernel by kernel, compiled or not."""
+    """The whole step replayed as a CUDA graph (forward, backward, ECD's, fused AdamW's or SGDM's
+    update) gives the histories of the step launched kernel by kernel, compiled or not (the
+    last warm-up step runs with synchronisations made errors)."""
+    runs = select_runs("paper-smoke", "seed0-adamw" if part == "sgdm" else part)
+    if part == "sgdm":
+        runs = [dataclasses.replace(c, optimizer="sgdm", tag="sgdm",
+                                    optimizer_hp=dict(lr=0.03, init_velocity_std=0.1))
+                for c in runs]
     cfgs = [override(c, ["steps=30", "eval_every=10", f"compile={str(compiled).lower()}",
-                         "autocast_bf16=true"])
-            for c in select_runs("paper-smoke", part)]
+                         "autocast_bf16=true"]) for c in runs]
     plain = train_batched(cfgs, tmp_path / "plain", "cuda", progress=False)
     graphs = train_batched(cfgs, tmp_path / "graphs", "cuda", progress=False, cuda_graphs=True)
     assert "captured as a CUDA graph at call 4" in capsys.readouterr().err
@@ -74,7 +80,7 @@ def test_captured_step_warms_up_then_replays_on_new_inputs():
     def step(x, extra):
         weight.add_(x)
         return weight.sum() + (0 if extra is None else extra.sum())
-    captured = CapturedStep(step, warmup=2)
+    captured = CapturedStep(step, "cuda", warmup=2)
     for k in range(1, 6):
         out = captured(torch.full((3,), float(k), device="cuda"), None)
         assert (captured.graph is None) == (k <= 2)
