@@ -523,9 +523,9 @@ def _evaluate(cohort: _Cohort, r: int) -> float:
                               for i in range(cfg.eval_batches)]
     model.eval()
     with torch.no_grad(), cohort.autocast():
-        losses = [model(x, y)[1].float().item() for x, y in member.val_batches]
+        losses = torch.stack([model(x, y)[1].float() for x, y in member.val_batches])
     model.train()
-    return float(np.mean(losses))
+    return float(np.mean(losses.tolist()))  # (one read to the host)
 
 
 def _charge_norms(model: GPT, velocity: dict) -> dict:
@@ -541,8 +541,10 @@ def _norm(tensors) -> float:
 
 
 def _check_finite(cohort: _Cohort, r: int) -> None:
-    for name, p in cohort.member_params(r).items():
-        if not torch.isfinite(p).all():
+    params = cohort.member_params(r)
+    finite = torch.stack([torch.isfinite(p).all() for p in params.values()]).tolist()  # one read
+    for name, ok in zip(params, finite):
+        if not ok:
             raise FloatingPointError(f"{cohort.members[r].cfg.name}: parameter {name} is not "
                                      f"finite after step {cohort.step}")
 

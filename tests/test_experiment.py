@@ -125,6 +125,16 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_replay(capsys, tmp_path)
         CapturedStep(lambda x: x, "cuda", warmup=0)
 
 
+def test_a_parameter_made_non_finite_stops_the_run_at_its_next_evaluation(tmp_path):
+    """An infinite learning rate: the loss of the first step is finite, the weights after it
+    are not; the evaluation names the run, a parameter and the step, and writes no result."""
+    cfg = tiny(optimizer="adamw", optimizer_hp=dict(lr=float("inf")), eval_every=1)
+    with pytest.raises(FloatingPointError, match=r"adamw-bqv-.*: parameter wte.weight is not "
+                                                 r"finite after step 1"):
+        train(cfg, tmp_path, progress=False)
+    assert not (tmp_path / f"{cfg.name}.json").exists()
+
+
 def test_list_without_a_preset_lists_every_preset_and_part(capsys):
     main(["--list"])
     out = capsys.readouterr().out
