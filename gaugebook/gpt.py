@@ -176,6 +176,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))  # (B, T, D)
 
 
+def _host_reads_allowed(t: torch.Tensor) -> bool:
+    """Whether a check may read ``t``'s values to the host: not while compiling, under vmap,
+    while a CUDA graph is captured, or where synchronisations are errors
+    (``torch.cuda.set_sync_debug_mode("error")``, as in the last warm-up step of a
+    :class:`~gaugebook.step_graph.CapturedStep`)."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False
+    return not t.is_cuda or not (torch.cuda.is_current_stream_capturing()
+                                 or torch.cuda.get_sync_debug_mode() == 2)
+
+
 class GPT(nn.Module):
     """GPT-2 language model: ``forward(idx [B, T], targets=None) -> (logits [B, T, V], loss)``."""
 
@@ -249,15 +260,13 @@ class GPT(nn.Module):
         return list(groups.values())
 
     def _check_tokens(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
-        """Token ids in ``[0, vocab_size)``, a non-empty batch, some target not ignored. Skipped
-        while compiling, under vmap or while a CUDA graph is captured (the checks read values to
-        the host)."""
+        """Token ids in ``[0, vocab_size)``, a non-empty batch, some target not ignored. The
+        value checks are skipped where :func:`_host_reads_allowed` says no."""
         if idx.numel() == 0:
             raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
         if idx.is_floating_point() or idx.is_complex():
             raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
-        if (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(idx)
-                or idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if not _host_reads_allowed(idx):
             return
         low, high = int(idx.min()), int(idx.max())
         if low < 0 or high >= self.config.vocab_size:

@@ -4,10 +4,9 @@
 A *cohort* is the set of runs trained in one loop. Alone (one run) the model is the
 :class:`~gaugebook.gpt.GPT` itself, under any optimizer, DDP or ``torch.compile``. Batched,
 ``R`` runs that share a :func:`~gaugebook.run_config.batch_key` keep their weights stacked along
-a leading run dimension (:func:`torch.func.stack_module_state`) and one vmapped forward and
-backward (:func:`torch.func.vmap` over :func:`torch.func.functional_call`) trains them all, each
-with its own seed, data stream, bias draws and optimizer state (ECD with ``members=R``: its own
-F, reductions and chaos). Both paths draw every random number a run uses in the same order from
+a leading run dimension and one vmapped forward and backward (:func:`torch.func.vmap` over
+:func:`torch.func.functional_call`) trains them all, each with its own seed, data stream, bias
+draws and optimizer state (ECD with ``members=R``: its own F, reductions and chaos). Both paths draw every random number a run uses in the same order from
 the same seeds, so a member of a batched cohort follows the trajectory of the run trained alone.
 
 The loop is cut into one function per job: ``_setup`` (models, optimizer, generators),
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
 from gaugebook import mechanics
@@ -343,8 +342,10 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
         def loss(x, y, draws):
             return train_model(x, y, bias_draws=draws[0])[1]
     else:
-        stacked, _ = stack_module_state([m.model for m in members])
-        params = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
+        # (parameters only: the members' buffers differ, a symmetric model has no bias means)
+        named = [dict(m.model.named_parameters()) for m in members]
+        params = {n: torch.stack([p[n].detach() for p in named]).requires_grad_(True)
+                  for n in named[0]}
         base_cfg = dataclasses.replace(members[0].model.config, symmetry_breaking="bqv", mu_v=0.0)
         base = GPT(base_cfg).to(device)
         batched_loss = _batched_loss(base)
