@@ -86,11 +86,8 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
     cpp) env=(TORCHINDUCTOR_CPP_WRAPPER=1) ;;
     eager) options=(--set compile=false) ;;
   esac
-  # a checkpoint written compiled is refused uncompiled (other settings), and the other way
-  local ckpt="/tmp/grid/$PRESET/checkpoints"
-  [ "$(cat "$ckpt/.compiled" 2>/dev/null || compiled "$way")" = "$(compiled "$way")" ] \
-    || rm -rf "$ckpt"
-  mkdir -p "$ckpt" && compiled "$way" > "$ckpt/.compiled"
+  # an earlier way's results and checkpoints are taken up: compile and max_wall_s say how a
+  # run is executed, not what it computes
   echo "=== part $PART, $wall s, $way" | tee -a "$OUT/paper.log"
   env "${env[@]}" TORCH_LOGS=perf_hints timeout $(( wall + 60 )) python3 -m gaugebook.experiment \
     --preset "$PRESET" --part "$PART" \
@@ -98,7 +95,6 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
     --out "/tmp/grid/$PRESET" --set max_wall_s="$wall" "${options[@]}" >> "$OUT/paper.log" 2>&1
 }
 failed() { ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1; }
-compiled() { case $1 in *eager) echo no ;; *) echo yes ;; esac; }
 if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
   timeout 30 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
     --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1

@@ -6,7 +6,8 @@ skipped, so parts accumulate into one results folder. Checkpoints (``<out>/check
 written every ``checkpoint_every`` steps and an interrupted run resumes exactly (model, optimizer,
 random state and data position are restored; the data stream is a pure function of seed and step).
 Runs of one folder that differ only in other settings (a sweep's learning rates) need distinct
-``tag``s (``--set tag=...``): a result or checkpoint written for other settings is refused.
+``tag``s (``--set tag=...``): a result or checkpoint written for other settings is refused,
+except for how the run is executed (``compile``, ``max_wall_s``, ``checkpoint_every``).
 
 Command line::
 

@@ -46,7 +46,7 @@ from gaugebook.gpt import GPT
 from gaugebook.interpret import alignment_scores
 from gaugebook.optim import make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
-from gaugebook.run_config import BATCHABLE_OPTIMIZERS, RunConfig, batch_key
+from gaugebook.run_config import BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, RunConfig, batch_key
 from gaugebook.step_graph import CapturedStep
 
 __all__ = ["train", "train_batched", "cohorts", "check_runs", "provenance", "write_json_atomic",
@@ -170,13 +170,14 @@ def _as_json(config: dict) -> dict:
 
 def _check_same_config(cfg: RunConfig, stored: dict | None, path: Path) -> None:
     """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
-    configuration; ``stored`` ``None`` (a checkpoint from before configs were saved) passes."""
+    configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ); ``stored``
+    ``None`` (a checkpoint from before configs were saved) passes."""
     if stored is None:
         return
     expected = _as_json(dataclasses.asdict(cfg))
     stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
-    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here"
-                 for k in sorted(expected) if stored[k] != expected[k]]
+    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here" for k in sorted(expected)
+                 if stored[k] != expected[k] and k not in EXECUTION_FIELDS]
     if differing:
         raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
                          ": write to another --out, or give this run a tag (--set tag=...)")

@@ -84,12 +84,19 @@ def test_batched_resume_equals_uninterrupted(tmp_path, arm):
             member(arm, "bqv", 1, steps=24, checkpoint_every=8)]
     full = train_batched(cfgs, tmp_path / "full", progress=False)
     assert train_batched(cfgs, tmp_path / "cut", stop_after=11, progress=False) is None
-    resumed = train_batched(cfgs, tmp_path / "cut", progress=False)
+    # resumed with another time budget and checkpoint cadence: how it runs, not what it computes
+    executed = [dataclasses.replace(c, max_wall_s=3600.0, checkpoint_every=5) for c in cfgs]
+    resumed = train_batched(executed, tmp_path / "cut", progress=False)
     for a, b in zip(full, resumed):
         assert a["history"]["val_loss"] == b["history"]["val_loss"]
         assert a["history"]["train_loss"] == b["history"]["train_loss"]
         assert a["probes"] == b["probes"]
     assert not list((tmp_path / "cut" / "checkpoints").glob("*.pt"))
+    # a complete result is the run's, however it is executed; what it computes may not differ
+    compiled = [dataclasses.replace(c, compile=True) for c in cfgs]
+    assert train_batched(compiled, tmp_path / "cut", progress=False) == resumed
+    with pytest.raises(ValueError, match="other settings \\(steps: 24 there, 30 here\\)"):
+        train_batched([dataclasses.replace(c, steps=30) for c in cfgs], tmp_path / "cut")
 
 
 def test_ecd_steps_on_a_device_train_the_host_runs_and_resume_exactly(tmp_path, float64,
