@@ -731,6 +731,8 @@ def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool 
 
 
 def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
+    """The results in ``out`` of ``cfgs``' runs, by name; ValueError for one written with other
+    settings, or cut by another time budget than ``cfg.max_wall_s`` (not the run asked for)."""
     found = {}
     for cfg in cfgs:
         path = out / f"{cfg.name}.json"
@@ -741,6 +743,11 @@ def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
                 _set_aside(path, error)
                 continue
             _check_same_config(cfg, result.get("config"), path)
+            budget = (result.get("config") or {}).get("max_wall_s")
+            if result.get("truncated") and budget != cfg.max_wall_s:
+                raise ValueError(f"{path} holds run {cfg.name} cut at step {result['steps_done']} "
+                                 f"by max_wall_s={budget}, not {cfg.max_wall_s}: delete it to "
+                                 "train the run again, or write to another --out")
             found[cfg.name] = result
     return found
 

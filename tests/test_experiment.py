@@ -208,6 +208,10 @@ def test_a_run_out_of_time_is_evaluated_at_its_last_step(tmp_path):
     result = train(tiny(max_wall_s=1e-9), tmp_path)
     assert result["truncated"] and result["steps_done"] == 1
     assert result["history"]["step"] == [1] and result["final_val_loss"] is not None
+    assert train(tiny(max_wall_s=1e-9), tmp_path) == json.loads(json.dumps(result))
+    # a time budget is how a run is executed, but a cut run is not the run asked with another
+    with pytest.raises(ValueError, match="cut at step 1 by max_wall_s=1e-09, not None"):
+        train(tiny(), tmp_path)
 
 
 def test_a_result_removes_the_error_file_of_an_earlier_try(tmp_path):
