@@ -3,6 +3,7 @@ graph and replayed: one launch per step instead of hundreds, so that a small mod
 bound by the device and not by the Python that launches its kernels."""
 from __future__ import annotations
 
+import gc
 import sys
 import warnings
 from typing import Callable
@@ -87,6 +88,7 @@ class CapturedStep:
         self._static = [t.clone() if isinstance(t, torch.Tensor) else None for t in leaves]
         static = tree_unflatten([t if b is None else b for t, b in zip(leaves, self._static)], spec)
         graph = torch.cuda.CUDAGraph()
+        gc.collect()  # (a graph left in a reference cycle must not be freed during the capture)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             # thread_local: the data loader's pinning thread may call CUDA meanwhile
@@ -97,7 +99,7 @@ class CapturedStep:
             except RuntimeError as error:  # (the cause, if another, is chained below)
                 raise RuntimeError(f"{self.label} could not be captured as a CUDA graph "
                                    f"({error}): train without cuda_graphs") from error
-        if any("empty" in str(w.message) for w in caught):  # its kernels went elsewhere
+        if any("CUDA Graph is empty" in str(w.message) for w in caught):  # kernels elsewhere
             raise RuntimeError(f"{self.label}: the captured CUDA graph is empty (the step ran "
                                f"on a device other than {self.device}?)")
         for w in caught:  # the others, as they were

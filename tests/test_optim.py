@@ -741,6 +741,22 @@ def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
         assert (velocity - expected).abs().max() < 1e-12
 
 
+def test_a_step_with_chaos_off_the_cpu_reads_to_the_host_once(monkeypatch):
+    """With chaos (``nu > 0``) every step takes the host path, which reads its scalars to the
+    host in one ``tolist``; the device counts, never added to, are not read as well."""
+    _force_steps_on_device(monkeypatch)
+    x, y = data()
+    model = mlp()
+    opt = ECD(model.parameters(), lr=0.1, eta=1.0, F0=-1.0, nu=0.1)
+    closure = closure_for(model, opt, x, y)
+    opt.step(closure)
+    reads, tolist = [], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    for _ in range(3):
+        opt.step(closure)
+    assert len(reads) == 3, reads
+
+
 def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(monkeypatch):
     _force_steps_on_device(monkeypatch)
     x, y = data()
