@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One device call (at most BUDGET seconds, default 540) for the decisive experiment of Part II
-# (preset `paper`, one part per seed and arm: seed0-pt, seed0-global, seed0-adamw, seed1-pt, ...),
-# most valuable first, so that a call cut short keeps what matters:
+# (preset `paper`, one part per seed and arm, arm by arm: seed0-pt, seed1-pt, seed2-pt,
+# seed0-global, ..., seed2-adamw), most valuable first, so that a call cut short keeps what
+# matters:
 #   1. the parts of the preset `paper` that have no complete results in results/gpu/paper, one
-#      after another for WALL seconds (440): first the ones the recorded runs' times say fit
-#      (gaugebook.experiment.plan_parts: one part when none is recorded), then, planned again from
-#      this call's own runs, each further part that fits in the time left. Batched, one cohort per
-#      arm, each cohort's whole step captured as a CUDA graph (CUDA_GRAPHS=0: not); runs still
-#      going when the time is up are evaluated there and marked truncated. Ways to train, fastest
-#      first: graphs (compiled, the step replayed as a CUDA graph), graphs-eager (the same,
-#      uncompiled), cpp (compiled with inductor's C++ wrapper: kernels launched from C++),
-#      compiled, eager. A part that fails within three minutes (compilation included) is retried
-#      the next way, which the rest of the call keeps; a part that fails later, or in the last
-#      way, ends the training
+#      after another for WALL seconds (BUDGET - 100: 440): first the ones the recorded runs'
+#      times say fit (gaugebook.experiment.plan_parts: one part when none is recorded), then,
+#      planned again from this call's own runs, each further part that fits in the time left.
+#      Batched, one cohort per arm, each cohort's whole step captured as a CUDA graph
+#      (CUDA_GRAPHS=0: not); runs still going when the time is up are evaluated there and marked
+#      truncated. Ways to train, fastest first: graphs (compiled, the step replayed as a CUDA
+#      graph), graphs-eager (the same, uncompiled), cpp (compiled with inductor's C++ wrapper:
+#      kernels launched from C++), compiled, eager. A part that fails within three minutes
+#      (compilation included) is retried the next way, which the rest of the call keeps; a part
+#      that fails later, or in the last way, ends the training
 #                                                                       paper.tar, paper.log
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
@@ -40,9 +41,9 @@
 set -u
 # The grid benchmark runs once, in the time the parts leave (a part's runs come first).
 if [ -f benchmarks/results/grid_h200.json ]; then BENCH=${BENCH:-0}; else BENCH=${BENCH:-1}; fi
-WALL=${WALL:-440}; BENCH_PART=${BENCH_PART:-seed0-pt,seed0-global,seed0-adamw}
-PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; TESTS=${TESTS:-1}; LR=${LR:-0}
 BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+WALL=${WALL:-$(( BUDGET - 100 ))}; BENCH_PART=${BENCH_PART:-seed0-pt,seed0-global,seed0-adamw}
+PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; TESTS=${TESTS:-1}; LR=${LR:-0}
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only

@@ -103,11 +103,14 @@ seed and the mean Delta < -0.1. Reported whatever they show: the mean, the per-s
 
 def _paper_parts(base: dict, by_arm: bool = False) -> dict[str, list[RunConfig]]:
     """The 7 runs of the paper's arms per seed (see ``PAPER_DECISION``): one part per seed
-    (``seed0``), or with ``by_arm`` one per seed and arm (``seed0-pt``, ``seed0-global``,
-    ``seed0-adamw``: each one cohort of ``--batched``, the smallest unit a GPU call can finish)."""
+    (``seed0``), or with ``by_arm`` one per seed and arm, each one cohort of ``--batched`` (the
+    smallest unit a GPU call can finish), arm by arm: ``seed0-pt``, ``seed1-pt``, ``seed2-pt``,
+    then ``-global``, then ``-adamw``. So the parts planned first decide the main question (ECD
+    per-tensor, the paper's own optimizer, broken against symmetric in every seed), and parts of
+    one arm planned together train as one cohort."""
     parts: dict[str, list[RunConfig]] = {}
-    for seed in range(3):
-        for optimizer, tag, hp, symmetries in PAPER_ARMS:
+    for optimizer, tag, hp, symmetries in PAPER_ARMS:
+        for seed in range(3):
             part = f"seed{seed}-{tag or optimizer}" if by_arm else f"seed{seed}"
             parts.setdefault(part, []).extend(
                 RunConfig(optimizer=optimizer, symmetry=s, seed=seed, tag=tag,
