@@ -8,7 +8,9 @@ processes; ECD's step against fused AdamW's, alone and stacked; the cost of the 
    phase's tokens over its wall time (compilation included) are recorded too.
 2. Median seconds of one ECD step (each projection among the part's ECD runs) and one fused
    AdamW step on the preset's model, alone and with the weights of R models stacked
-   (``ECD(members=R)``, R the part's largest cohort).
+   (``ECD(members=R)``, R the part's largest cohort): launched from Python, and on CUDA also
+   captured as a CUDA graph and replayed (the device's time alone, as in training with
+   ``--cuda-graphs``).
 3. The cost of the biases: the steady-state tokens/s of the AdamW run with ``bqv`` over the
    symmetric one, both trained as separate processes in stage 1 at the same time (when the
    parts hold both).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ from gaugebook.data import DefaultCorpus
 from gaugebook.experiment import override, run_many, select_runs
 from gaugebook.gpt import GPT
 from gaugebook.optim import ECD, make_optimizer
+from gaugebook.step_graph import CapturedStep
 from gaugebook.training import cohorts, optimizer_state_bytes, provenance
 
 from bench_training import median_step_seconds
@@ -95,7 +99,31 @@ def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
            "ecd_state_bytes": optimizer_state_bytes(ecd),
            "adamw_state_bytes": optimizer_state_bytes(adamw)}
     out["ecd_over_adamw"] = out["ecd_step_s"] / out["adamw_step_s"]
+    if device.type == "cuda":
+        out["ecd_replayed_step_s"] = replayed_step_seconds(ecd, loss, device, reps)
+        out["adamw_replayed_step_s"] = replayed_step_seconds(adamw, loss, device, reps)
+        out["ecd_over_adamw_replayed"] = out["ecd_replayed_step_s"] / out["adamw_replayed_step_s"]
     return out
+
+
+def replayed_step_seconds(opt, loss: torch.Tensor, device: torch.device, reps: int) -> float:
+    """Median seconds of ``opt.step`` captured as a CUDA graph and replayed, each replay between
+    two synchronisations: the update's time on the device, without the Python that launches its
+    kernels. AdamW is switched to ``capturable`` (its step count on the device)."""
+    for group in opt.param_groups:
+        if "capturable" in group:
+            group["capturable"] = True
+    step = CapturedStep(lambda: opt.step(lambda: loss), device, label=type(opt).__name__)
+    for _ in range(step.warmup + 1):  # the warm-up steps and the capture
+        step()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main(argv=None):
@@ -139,9 +167,11 @@ def main(argv=None):
     if not ecd:
         parser.error(f"part {args.part!r} of {args.preset!r} has no ECD run to time")
     largest = max(len(group) for group in cohorts(runs))
-    results["step"] = [step_times(cfg, device, members, args.reps)
-                       for cfg in ecd.values() for members in (1, largest)]
-    save()
+    results["step"] = []
+    for cfg in ecd.values():
+        for members in (1, largest):
+            results["step"].append(step_times(cfg, device, members, args.reps))
+            save()
     if args.steps_only:
         return
     engine = dict(data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)

@@ -147,3 +147,22 @@ def test_an_ecd_step_synchronises_once_or_never(projection, nu, expected):
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == expected, [str(w.message) for w in syncs]
+
+
+def test_grid_benchmark_times_the_steps_replayed_as_cuda_graphs(tmp_path, monkeypatch):
+    """On CUDA `bench_grid.py --steps-only` also times each optimizer step captured as a CUDA
+    graph and replayed (the device's time alone)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    bench_grid = importlib.import_module("bench_grid")
+    out = tmp_path / "steps.json"
+    bench_grid.main(["--device", "cuda", "--preset", "paper-smoke", "--steps-only", "--reps", "3",
+                     "--out", str(out)])
+    for s in json.loads(out.read_text())["step"]:
+        assert s["ecd_replayed_step_s"] > 0 and s["adamw_replayed_step_s"] > 0
+        assert s["ecd_over_adamw_replayed"] > 0
+    sys.modules.pop("bench_grid", None)
+    sys.modules.pop("bench_training", None)
