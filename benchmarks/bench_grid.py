@@ -155,7 +155,7 @@ def main(argv=None):
                "provenance": provenance(device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save():  # after every stage, so a run cut short keeps what it measured
+    def save():  # after every measurement, so a run cut short keeps what it measured
         args.out.write_text(json.dumps(results, indent=1, default=str))
         print(json.dumps({k: results[k] for k in results if k not in ("provenance", "runs")},
                          indent=1, default=str))

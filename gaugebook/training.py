@@ -6,8 +6,9 @@ A *cohort* is the set of runs trained in one loop. Alone (one run) the model is 
 ``R`` runs that share a :func:`~gaugebook.run_config.batch_key` keep their weights stacked along
 a leading run dimension and one vmapped forward and backward (:func:`torch.func.vmap` over
 :func:`torch.func.functional_call`) trains them all, each with its own seed, data stream, bias
-draws and optimizer state (ECD with ``members=R``: its own F, reductions and chaos). Both paths draw every random number a run uses in the same order from
-the same seeds, so a member of a batched cohort follows the trajectory of the run trained alone.
+draws and optimizer state (ECD with ``members=R``: its own F, reductions and chaos). Both
+paths draw every random number a run uses in the same order from the same seeds, so a member
+of a batched cohort follows the trajectory of the run trained alone.
 
 The loop is cut into one function per job: ``_setup`` (models, optimizer, generators),
 ``_resume`` (a checkpoint), ``_step`` (one optimizer step for every member),
@@ -829,11 +830,13 @@ def train(cfg: RunConfig, out: Path, device: torch.device | str = "cpu", *,
     backward and update, as a CUDA graph after three steps and replays it (the same numbers, one
     launch per step instead of hundreds).
 
-    An existing result or checkpoint of the same name must hold the same configuration
-    (ValueError otherwise): the result is returned, the checkpoint resumed. A run stopped by
-    ``max_wall_s`` is evaluated at its last step (``truncated``: true). ``peak_memory_bytes`` is
-    the peak of allocated device memory on CUDA; on the CPU it is the process's peak resident set
-    size since it started (everything the process did, not only this run)."""
+    An existing result or checkpoint of the same name must hold the same configuration, but for
+    how the run is executed (:data:`~gaugebook.run_config.EXECUTION_FIELDS`; a result cut by its
+    time budget only with the same ``max_wall_s``), ValueError otherwise: the result is returned,
+    the checkpoint resumed. A run stopped by ``max_wall_s`` is evaluated at its last step
+    (``truncated``: true). ``peak_memory_bytes`` is the peak of allocated device memory on CUDA;
+    on the CPU it is the process's peak resident set size since it started (everything the
+    process did, not only this run)."""
     results = _train([cfg], Path(out), device, False, position=position, stop_after=stop_after,
                      progress=progress, data_workers=data_workers, cuda_graphs=cuda_graphs)
     return None if results is None else results[0]

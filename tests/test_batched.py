@@ -80,14 +80,19 @@ def test_batched_cpu_smoke_gives_the_histories_of_separate_runs(tmp_path):
 
 @pytest.mark.parametrize("arm", ["ecd-pt", "adamw"])
 def test_batched_resume_equals_uninterrupted(tmp_path, arm):
-    cfgs = [member(arm, "symmetric", 0, steps=24, checkpoint_every=8),
-            member(arm, "bqv", 1, steps=24, checkpoint_every=8)]
+    cfgs = [member(arm, "symmetric", 0, steps=24, checkpoint_every=8, eval_every=4),
+            member(arm, "bqv", 1, steps=24, checkpoint_every=8, eval_every=4)]
     full = train_batched(cfgs, tmp_path / "full", progress=False)
     assert train_batched(cfgs, tmp_path / "cut", stop_after=11, progress=False) is None
     # resumed with another time budget and checkpoint cadence: how it runs, not what it computes
+    (ckpt,) = (tmp_path / "cut" / "checkpoints").glob("batch-*.pt")
+    cut = torch.load(ckpt, weights_only=False)
+    assert cut["step"] == 8
     executed = [dataclasses.replace(c, max_wall_s=3600.0, checkpoint_every=5) for c in cfgs]
     resumed = train_batched(executed, tmp_path / "cut", progress=False)
-    for a, b in zip(full, resumed):
+    for a, b, before in zip(full, resumed, cut["histories"]):
+        # the evaluation at step 8 is the cut run's (its clock), not made again by a restart
+        assert b["history"]["wall_s"][0] == before["wall_s"][0]
         assert a["history"]["val_loss"] == b["history"]["val_loss"]
         assert a["history"]["train_loss"] == b["history"]["train_loss"]
         assert a["probes"] == b["probes"]

@@ -157,12 +157,14 @@ def test_grid_benchmark_times_the_steps_replayed_as_cuda_graphs(tmp_path, monkey
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    bench_grid = importlib.import_module("bench_grid")
-    out = tmp_path / "steps.json"
-    bench_grid.main(["--device", "cuda", "--preset", "paper-smoke", "--steps-only", "--reps", "3",
-                     "--out", str(out)])
+    try:
+        bench_grid = importlib.import_module("bench_grid")
+        out = tmp_path / "steps.json"
+        bench_grid.main(["--device", "cuda", "--preset", "paper-smoke", "--steps-only",
+                         "--reps", "3", "--out", str(out)])
+    finally:  # (the benchmarks' modules are not the library's: leave no trace)
+        sys.modules.pop("bench_grid", None)
+        sys.modules.pop("bench_training", None)
     for s in json.loads(out.read_text())["step"]:
         assert s["ecd_replayed_step_s"] > 0 and s["adamw_replayed_step_s"] > 0
         assert s["ecd_over_adamw_replayed"] > 0
-    sys.modules.pop("bench_grid", None)
-    sys.modules.pop("bench_training", None)

@@ -741,7 +741,7 @@ def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
         assert (velocity - expected).abs().max() < 1e-12
 
 
-def test_a_step_with_chaos_off_the_cpu_reads_to_the_host_once(monkeypatch):
+def test_a_chaotic_step_off_the_cpu_reads_to_the_host_once(monkeypatch):
     """With chaos (``nu > 0``) every step takes the host path, which reads its scalars to the
     host in one ``tolist``; the device counts, never added to, are not read as well."""
     _force_steps_on_device(monkeypatch)
