@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from gaugebook.optim import ECD, make_optimizer
 from gaugebook.step_graph import CapturedStep
 from gaugebook.training import cohorts, optimizer_state_bytes, provenance
 
-from bench_training import median_step_seconds
+from bench_training import median_call_seconds, median_step_seconds
 
 
 def timing_runs(preset: str, part: str, steps: int):
@@ -114,16 +113,8 @@ def replayed_step_seconds(opt, loss: torch.Tensor, device: torch.device, reps: i
         if "capturable" in group:
             group["capturable"] = True
     step = CapturedStep(lambda: opt.step(lambda: loss), device, label=type(opt).__name__)
-    for _ in range(step.warmup + 1):  # the warm-up steps and the capture
-        step()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    # untimed: the warm-up steps and the capture
+    return median_call_seconds(step, device, reps, untimed=step.warmup + 1)
 
 
 def main(argv=None):

@@ -91,18 +91,24 @@ def trainer_tokens_per_s(size: dict, steps: int, device, *, compile=True, bf16=T
     return steps * size["batch_size"] * size["block_size"] / seconds
 
 
-def median_step_seconds(opt, loss: torch.Tensor, device, reps: int) -> float:
-    """Median seconds of ``opt.step`` over ``reps`` steps after three untimed ones, each between
-    two device synchronisations. The gradients stay in ``.grad`` and the closure returns ``loss``:
-    this times the update alone."""
+def median_call_seconds(call, device, reps: int, untimed: int = 3) -> float:
+    """Median seconds of ``call()`` over ``reps`` calls after ``untimed`` ones, each between two
+    device synchronisations."""
     times = []
-    for _ in range(reps + 3):
+    for _ in range(reps + untimed):
         _sync(device)
         start = time.perf_counter()
-        opt.step(lambda: loss)
+        call()
         _sync(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[3:])
+    return statistics.median(times[untimed:])
+
+
+def median_step_seconds(opt, loss: torch.Tensor, device, reps: int) -> float:
+    """Median seconds of ``opt.step`` over ``reps`` steps after three untimed ones
+    (:func:`median_call_seconds`). The gradients stay in ``.grad`` and the closure returns
+    ``loss``: this times the update alone."""
+    return median_call_seconds(lambda: opt.step(lambda: loss), device, reps)
 
 
 def optimizer_step_times(size: dict, device, reps: int) -> dict:

@@ -8,6 +8,10 @@ defines in float64 only (Jacobian ranks, orbit dimensions, Noether charges, comm
 to float64 themselves) and tests of training, data and results do not: for those a float32 twin
 would test the cast, not the mathematics.
 """
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,3 +40,15 @@ def tolerance(dtype: torch.dtype, cond: float = 10.0) -> float:
     """Relative round-off allowed for a gauge action of condition number ``cond``:
     ``100 * cond * eps`` (chapter 4 measures the constant, which is far below 100)."""
     return 100 * cond * torch.finfo(dtype).eps
+
+
+@pytest.fixture
+def bench_grid(monkeypatch):
+    """``benchmarks/bench_grid.py`` as a module; it and ``bench_training`` are not the library's,
+    so they leave ``sys.modules`` afterwards, pass or fail."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        yield importlib.import_module("bench_grid")
+    finally:
+        sys.modules.pop("bench_grid", None)
+        sys.modules.pop("bench_training", None)

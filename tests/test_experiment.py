@@ -318,25 +318,17 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
     assert plan_parts("paper", [tmp_path, later], 440, at_least_one=False) == []  # 800 s
 
 
-def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, monkeypatch):
+def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, bench_grid):
     """`bench_grid.py --steps-only` on the seed-0 parts (its default) times one ECD step per
     projection, alone and with the largest cohort stacked, against fused AdamW's, and records
     the command it ran."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     out = tmp_path / "steps.json"
-    try:
-        bench_grid = importlib.import_module("bench_grid")
-        bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--steps-only",
-                         "--reps", "1", "--out", str(out)])
-        result = json.loads(out.read_text())
-        with pytest.raises(SystemExit):  # an AdamW-only part has no ECD step to time
-            bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--part",
-                             "seed0-adamw", "--steps-only", "--out", str(out)])
-    finally:  # (the benchmarks' modules are not the library's: leave no trace)
-        sys.modules.pop("bench_grid", None)
-        sys.modules.pop("bench_training", None)
+    bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--steps-only",
+                     "--reps", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    with pytest.raises(SystemExit):  # an AdamW-only part has no ECD step to time
+        bench_grid.main(["--device", "cpu", "--preset", "paper-smoke", "--part",
+                         "seed0-adamw", "--steps-only", "--out", str(out)])
     assert [(s["projection"], s["members"]) for s in result["step"]] == [
         ("per_tensor", 1), ("per_tensor", 3), ("global", 1), ("global", 3)]
     assert all(s["ecd_step_s"] > 0 and s["adamw_fused"] for s in result["step"])

@@ -149,22 +149,12 @@ def test_an_ecd_step_synchronises_once_or_never(projection, nu, expected):
     assert len(syncs) == expected, [str(w.message) for w in syncs]
 
 
-def test_grid_benchmark_times_the_steps_replayed_as_cuda_graphs(tmp_path, monkeypatch):
+def test_grid_benchmark_times_the_steps_replayed_as_cuda_graphs(tmp_path, bench_grid):
     """On CUDA `bench_grid.py --steps-only` also times each optimizer step captured as a CUDA
     graph and replayed (the device's time alone)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    try:
-        bench_grid = importlib.import_module("bench_grid")
-        out = tmp_path / "steps.json"
-        bench_grid.main(["--device", "cuda", "--preset", "paper-smoke", "--steps-only",
-                         "--reps", "3", "--out", str(out)])
-    finally:  # (the benchmarks' modules are not the library's: leave no trace)
-        sys.modules.pop("bench_grid", None)
-        sys.modules.pop("bench_training", None)
+    out = tmp_path / "steps.json"
+    bench_grid.main(["--device", "cuda", "--preset", "paper-smoke", "--steps-only",
+                     "--reps", "3", "--out", str(out)])
     for s in json.loads(out.read_text())["step"]:
         assert s["ecd_replayed_step_s"] > 0 and s["adamw_replayed_step_s"] > 0
         assert s["ecd_over_adamw_replayed"] > 0
