@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from gaugebook.plots import PALETTE
-from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table,
+from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, arm_of,
                                common_steps, final_statistic, find_results, load_runs,
                                pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
-           "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
+           "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
            "decision_table", "sweep_statistics", "best_rates", "sweep_panels"]
 
 PAPER_RESULTS = "results/gpu/paper"
@@ -50,30 +50,47 @@ def reduced_paper_configs(steps: int = 60, eval_every: int = 10) -> list:
             for c in select_runs("paper-smoke")]
 
 
-def recorded_paper_runs(preset: str = "paper", *,
-                        extra_roots=()) -> tuple[list[Run] | None, str]:
-    """``(runs, status)``: the runs of ``preset``'s folder (:data:`RECORDED_PRESETS`;
-    ``results/gpu/paper`` for ``paper``) when it holds every run of the preset, none truncated;
-    otherwise ``runs = None`` (a call of the GPU script adds a few parts at a time, and a
-    truncated run does not enter the rule). ``status`` says what is recorded, e.g. ``"3 of the
-    21 runs recorded (parts seed0-pt), none truncated"``."""
+def recorded_paper_arms(preset: str = "paper", *, extra_roots=()) -> tuple[list[Run], str]:
+    """``(runs, status)``: the runs of the *complete arms* of ``preset`` in its recorded folder
+    (:data:`RECORDED_PRESETS`; ``results/gpu/paper`` for ``paper``), the arms whose every run
+    (each seed and symmetry) is recorded, none truncated (``[]`` when none is), and what is
+    recorded, e.g. ``"3 of the 21 runs recorded (parts seed0-pt), 3 truncated; complete arms:
+    none"``. The pre-registered rule pairs runs within an arm, so an arm is decided as soon as
+    it is complete, before the other arms are in."""
     from gaugebook.experiment import presets
 
     if preset not in RECORDED_PRESETS:
         raise ValueError(f"no recorded folder for preset {preset!r}; recorded presets: "
                          f"{sorted(RECORDED_PRESETS)}")
-    part_of = {cfg.name: part for part, runs in presets()[preset].items() for cfg in runs}
+    part_of = {cfg.name: part for part, cfgs in presets()[preset].items() for cfg in cfgs}
+    arm = {cfg.name: arm_of(cfg.optimizer, cfg.tag)
+           for cfgs in presets()[preset].values() for cfg in cfgs}
     try:
         runs = load_runs(find_results(RECORDED_PRESETS[preset], extra_roots=extra_roots))
     except FileNotFoundError:
-        return None, f"none of the {len(part_of)} runs recorded"
+        runs = []
     ours = [r for r in runs if r.name in part_of]
+    done = {r.name for r in ours if not r["truncated"]}
+    complete = set(arm.values()) - {arm[name] for name in arm if name not in done}
     truncated = sum(bool(r["truncated"]) for r in ours)
-    parts = ", ".join(sorted({part_of[r.name] for r in ours}))
-    status = (f"{len(ours)} of the {len(part_of)} runs recorded (parts {parts}), "
-              f"{truncated or 'none'} truncated")
-    complete = len(ours) == len(part_of) and not truncated
-    return (ours if complete else None), status
+    recorded = (f"{len(ours)} of the {len(arm)} runs recorded (parts "
+                f"{', '.join(sorted({part_of[r.name] for r in ours}))}), "
+                f"{truncated or 'none'} truncated" if ours else
+                f"none of the {len(arm)} runs recorded")
+    status = f"{recorded}; complete arms: {', '.join(sorted(complete)) or 'none'}"
+    return [r for r in ours if arm[r.name] in complete], status
+
+
+def recorded_paper_runs(preset: str = "paper", *,
+                        extra_roots=()) -> tuple[list[Run] | None, str]:
+    """``(runs, status)``: the runs of ``preset``'s folder when it holds every run of the
+    preset, none truncated, otherwise ``runs = None`` (a call of the GPU script adds a few parts
+    at a time, and a truncated run does not enter the rule); ``status`` as in
+    :func:`recorded_paper_arms`."""
+    from gaugebook.experiment import select_runs
+
+    runs, status = recorded_paper_arms(preset, extra_roots=extra_roots)
+    return (runs if len(runs) == len(select_runs(preset)) else None), status
 
 
 def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60,

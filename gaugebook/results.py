@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["find_results", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
+__all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
            "seed_summary", "provenance_summary", "Table", "effects_table", "final_statistic",
            "Decision", "pairs_by_seed", "decide", "decisions", "Correlation", "rank_correlation",
            "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
@@ -62,6 +62,12 @@ def find_results(relative: str | Path, *, extra_roots=()) -> Path:
         "repository has): install gaugebook from https://github.com/gaugebook/gaugebook")
 
 
+def arm_of(optimizer: str, tag: str = "") -> str:
+    """The arm of a run, its optimizer and variant (``"ecd-pt"``, ``"ecd-global"``,
+    ``"adamw"``): the optimizer, plus the run's tag when it has one."""
+    return f"{optimizer}-{tag}" if tag else optimizer
+
+
 @dataclass(frozen=True)
 class Run:
     """One training run as :func:`gaugebook.experiment.train` recorded it.
@@ -83,9 +89,8 @@ class Run:
 
     @property
     def arm(self) -> str:
-        """The optimizer and its variant (``"ecd-pt"``, ``"ecd-global"``, ``"adamw"``): the
-        optimizer, plus the run's tag when it has one."""
-        return f"{self.optimizer}-{self.tag}" if self.tag else self.optimizer
+        """The optimizer and its variant (:func:`arm_of`)."""
+        return arm_of(self.optimizer, self.tag)
 
     @classmethod
     def from_dict(cls, data: dict, path: Path | None = None) -> "Run":

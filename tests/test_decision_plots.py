@@ -94,9 +94,9 @@ def test_reduced_configs_keep_the_preset_and_refuse_too_few_evaluations():
         reduced_paper_configs(steps=40, eval_every=10)
 
 
-def _write_paper_folder(root, seeds, truncated=(), preset="paper"):
+def _write_paper_folder(root, seeds, truncated=(), preset="paper", evaluations=1):
     """Result files in ``preset``'s recorded folder under ``root`` (``results/gpu/paper``),
-    named as the preset's runs of ``seeds``."""
+    named as the preset's runs of ``seeds``, each with ``evaluations`` evaluations."""
     import json
 
     from gaugebook.decision_plots import RECORDED_PRESETS
@@ -106,29 +106,58 @@ def _write_paper_folder(root, seeds, truncated=(), preset="paper"):
     folder.mkdir(parents=True, exist_ok=True)
     for cfg in select_runs(preset):
         if cfg.seed in seeds:
-            data = dict(run("symmetric", cfg.seed, [10], [1.0]).data, name=cfg.name,
-                        truncated=cfg.name in truncated)
+            steps = list(range(10, 10 * evaluations + 1, 10))
+            data = dict(run(cfg.symmetry, cfg.seed, steps, [1.0] * evaluations,
+                            optimizer=cfg.optimizer, tag=cfg.tag).data,
+                        name=cfg.name, truncated=cfg.name in truncated)
             (folder / f"{cfg.name}.json").write_text(json.dumps(data))
     return folder
 
 
 def test_recorded_paper_runs_need_the_whole_preset_complete(tmp_path, monkeypatch):
-    from gaugebook.decision_plots import recorded_paper_runs
+    from gaugebook.decision_plots import RECORDED_PRESETS, recorded_paper_runs
 
     monkeypatch.chdir(tmp_path)  # found before the repository's own results/gpu/paper
+    with monkeypatch.context() as m:
+        m.setitem(RECORDED_PRESETS, "paper", "results/gpu/nowhere")
+        assert recorded_paper_runs() == (None, "none of the 21 runs recorded; complete arms: "
+                                               "none")
     _write_paper_folder(tmp_path, seeds={0})
     runs, status = recorded_paper_runs()
     assert runs is None and status == ("7 of the 21 runs recorded (parts seed0-adamw, "
-                                       "seed0-global, seed0-pt), none truncated")
+                                       "seed0-global, seed0-pt), none truncated; complete "
+                                       "arms: none")
     _write_paper_folder(tmp_path, seeds={1, 2}, truncated={"adamw-bqv-prelu-s2"})
     runs, status = recorded_paper_runs()
     parts = ", ".join(f"seed{s}-{arm}" for s in range(3) for arm in ("adamw", "global", "pt"))
-    assert runs is None and status.endswith(f"(parts {parts}), 1 truncated")
+    assert runs is None and status.endswith(f"(parts {parts}), 1 truncated; complete arms: "
+                                            "ecd-global, ecd-pt")
     _write_paper_folder(tmp_path, seeds={2})
     runs, status = recorded_paper_runs()
-    assert len(runs) == 21 and status.endswith("none truncated")
+    assert len(runs) == 21 and status.endswith("none truncated; complete arms: adamw, "
+                                               "ecd-global, ecd-pt")
     runs, source, seconds = paper_runs()
     assert source == "gpu" and seconds == 0.0 and len(runs) == 21
+
+
+def test_an_arm_is_decided_once_all_its_seeds_are_recorded_complete(tmp_path, monkeypatch):
+    from gaugebook.decision_plots import recorded_paper_arms, recorded_paper_runs
+    from gaugebook.results import decisions
+
+    monkeypatch.chdir(tmp_path)
+    folder = _write_paper_folder(tmp_path, seeds={0, 1, 2}, evaluations=5)
+    for name in ("ecd-symmetric-prelu-s2-global", "adamw-bqv-prelu-s0"):
+        (folder / f"{name}.json").unlink()  # two arms lack a run
+    runs, status = recorded_paper_arms()
+    assert status.endswith("none truncated; complete arms: ecd-pt")
+    assert len(runs) == 9 and {r.arm for r in runs} == {"ecd-pt"}
+    assert recorded_paper_runs()[0] is None  # the whole preset is not in
+    assert [(v.arm, v.symmetry) for v in decisions(runs)] == [("ecd-pt", "bq"), ("ecd-pt", "bqv")]
+    # seed 2 again: the global arm's missing run comes in, one of the per-tensor arm's is cut
+    _write_paper_folder(tmp_path, seeds={2}, truncated={"ecd-bq-prelu-s2-pt"}, evaluations=5)
+    runs, status = recorded_paper_arms()
+    assert status.endswith("1 truncated; complete arms: ecd-global")
+    assert len(runs) == 6 and {r.arm for r in runs} == {"ecd-global"}
 
 
 def test_recorded_cpu_preset_is_read_from_its_own_folder(tmp_path, monkeypatch):
