@@ -51,7 +51,10 @@ class RunConfig:
     and validated by it; ``optimizer_hp`` goes to :func:`gaugebook.optim.make_optimizer`, except
     ECD's ``partition`` (``"gpt2"`` or ``"parameters"``, required with
     ``projection="per_tensor"``) and SGDM's ``init_velocity_std`` (a random initial momentum
-    buffer, as in the paper's code), which the trainer applies."""
+    buffer, as in the paper's code), which the trainer applies. ``max_wall_s`` (seconds, or
+    ``None``) stops a call of the trainer after that long, counted from the call's start: a run
+    resumed from a checkpoint gets the whole budget again (its recorded ``wall_s`` still adds up
+    every call); the run is then evaluated at its last step and recorded ``truncated``."""
 
     optimizer: str
     symmetry: str = "symmetric"

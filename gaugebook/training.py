@@ -589,7 +589,9 @@ def _measure(cohort: _Cohort, before: dict, start: float) -> None:
 
 
 def _out_of_time(cfg: RunConfig, start: float, device, world: int) -> bool:
-    """Whether ``max_wall_s`` has passed since ``start``, by rank 0's clock (all ranks agree)."""
+    """Whether ``max_wall_s`` has passed since ``start`` (this call's start: a resumed run's
+    earlier time does not count, so a retry gets its whole budget), by rank 0's clock (all ranks
+    agree)."""
     if cfg.max_wall_s is None:
         return False
     over = time.perf_counter() - start > cfg.max_wall_s
@@ -786,13 +788,14 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
             group["capturable"] = cuda_graphs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter() - cohort.elapsed
+    began = time.perf_counter()  # the time budget counts this call's time only
+    start = began - cohort.elapsed  # the run's time, earlier calls included
     bar = tqdm(total=cfg.steps, initial=cohort.step, desc=_label(cohort), position=position,
                leave=position == 0, disable=rank != 0 or not progress, dynamic_ncols=True)
     final, batches = False, _train_batches(cohort, data_workers)
     while not final:
         # the last step: the planned one, or the one in progress when the time budget runs out
-        final = cohort.step + 1 >= cfg.steps or _out_of_time(cfg, start, device, world)
+        final = cohort.step + 1 >= cfg.steps or _out_of_time(cfg, began, device, world)
         measure = (cohort.step + 1) % cfg.eval_every == 0 or final
         before = {n: p.detach().clone() for n, p in cohort.params.items()} if measure else None
         _step(cohort, *next(batches))

@@ -214,6 +214,17 @@ def test_a_run_out_of_time_is_evaluated_at_its_last_step(tmp_path):
         train(tiny(), tmp_path)
 
 
+def test_a_resumed_run_gets_its_whole_time_budget_again(tmp_path):
+    assert train(tiny(steps=8, checkpoint_every=2), tmp_path, stop_after=4) is None
+    ckpt_path = tmp_path / "checkpoints" / f"{tiny().name}.pt"
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt["elapsed"] = 1000.0  # an earlier call trained for 1000 s
+    torch.save(ckpt, ckpt_path)
+    result = train(tiny(steps=8, checkpoint_every=2, max_wall_s=600.0), tmp_path)
+    assert not result["truncated"] and result["steps_done"] == 8  # not cut at once
+    assert result["wall_s"] > 1000.0  # the run's time still counts every call
+
+
 def test_a_result_removes_the_error_file_of_an_earlier_try(tmp_path):
     cfg = tiny(steps=4)
     write_json_atomic(tmp_path / f"{cfg.name}.error.json", {"error": "out of memory"})
