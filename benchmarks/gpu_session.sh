@@ -29,7 +29,7 @@
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
 # Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
 # an interrupted call keeps what finished. Afterwards, here:
-#   tar -xf paper.tar -C results/gpu && git add results/gpu/paper
+#   python benchmarks/collect_gpu_call.py <files_at> --date <the call's date>
 # Usage on the device (repo root; it has no git, so name the commit the results come from), with
 # the device call's timeout about 30 s above BUDGET:
 #   GAUGEBOOK_COMMIT=<git rev-parse HEAD, here> bash benchmarks/gpu_session.sh

@@ -1,0 +1,78 @@
+"""benchmarks/collect_gpu_call.py: a GPU call's files brought into the repository."""
+import importlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def collect_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        yield importlib.import_module("collect_gpu_call")
+    finally:
+        sys.modules.pop("collect_gpu_call", None)
+
+
+def result(name, truncated, last_step):
+    """A result record of ``name`` evaluated every 500 steps up to ``last_step``."""
+    steps = list(range(500, last_step + 1, 500))
+    n = len(steps)
+    history = {"step": steps, "train_loss": [3.0] * n, "val_loss": [3.0] * n, "J_QK": [0.0] * n,
+               "J_VO": [0.0] * n, "wall_s": [1.0] * n}
+    return {"name": name, "config": {"optimizer": "ecd", "symmetry": "symmetric",
+                                     "activation": "prelu", "seed": 0, "tag": "pt"},
+            "steps_done": last_step, "truncated": truncated, "history": history,
+            "final_val_loss": 3.0, "probes": {}, "optimizer_state_bytes": 0, "n_params": 1,
+            "wall_s": 1.0, "tokens": 1, "tokens_per_s": 1.0, "provenance": {}}
+
+
+def pack(path, files):
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            raw = json.dumps(data).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+
+
+def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_module):
+    root, files = tmp_path / "repo", tmp_path / "files"
+    (root / "results" / "gpu" / "paper").mkdir(parents=True)
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "results" / "gpu" / "logs-2026-12-05").mkdir()  # an earlier call that day
+    kept = result("ecd-bq-prelu-s0-pt", False, 28000)
+    (root / "results" / "gpu" / "paper" / "ecd-bq-prelu-s0-pt.json").write_text(json.dumps(kept))
+    files.mkdir()
+    pack(files / "paper.tar", {
+        "paper/ecd-bq-prelu-s0-pt.json": result("ecd-bq-prelu-s0-pt", True, 1000),
+        "paper/ecd-bqv-prelu-s1-pt.json": result("ecd-bqv-prelu-s1-pt", False, 28000),
+        "paper/ecd-symmetric-prelu-s1-pt.error.json": {"error": "out of memory"},
+    })
+    bars = "".join(f"\r3 runs (ecd, batched):  {n // 280}%|#| {n}/28000 [00:01<00:02, 5it/s]"
+                   for n in range(0, 28001, 250))
+    (files / "paper.log").write_text("=== part seed1-pt, 400 s, graphs\n" + bars + "\ndone\n")
+    (files / "grid_steps.json").write_text("{}")
+    (files / "grid_h200.json").write_text(json.dumps({"steps": {}, "bias": {}}))
+
+    report = collect_module.collect(files, root, "2026-12-05")
+    paper = root / "results" / "gpu" / "paper"
+    assert json.loads((paper / "ecd-bq-prelu-s0-pt.json").read_text()) == kept
+    assert json.loads((paper / "ecd-bqv-prelu-s1-pt.json").read_text())["steps_done"] == 28000
+    assert not list(paper.glob("*.error.json"))  # a failed run stays out of the results
+    logs = root / "results" / "gpu" / "logs-2026-12-05b"
+    assert json.loads((logs / "errors" / "paper-ecd-symmetric-prelu-s1-pt.error.json")
+                      .read_text()) == {"error": "out of memory"}
+    log = (logs / "paper.log").read_text().splitlines()
+    progress = [line for line in log if "/28000" in line]
+    assert len(progress) == 29 and progress[1].endswith("1000/28000 [00:01<00:02, 5it/s]")
+    assert log[1] == "=== part seed1-pt, 400 s, graphs" and log[-1] == "done"
+    assert (root / "benchmarks" / "results" / "grid_h200.json").is_file()
+    assert (root / "benchmarks" / "results" / "grid_h200_steps_2026-12-05.json").is_file()
+    assert "kept complete paper/ecd-bq-prelu-s0-pt.json (the call's is cut)" in report
+    with pytest.raises(FileNotFoundError, match="files_at"):
+        collect_module.collect(tmp_path / "nowhere", root, "2026-12-05")
