@@ -28,8 +28,9 @@ from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Tab
                                pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
-           "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "band_panels", "paired_deltas", "delta_panels",
-           "decision_table", "sweep_statistics", "best_rates", "sweep_panels"]
+           "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "band_panels",
+           "paired_deltas", "delta_panels", "decision_table", "sweep_statistics", "best_rates",
+           "sweep_panels"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).

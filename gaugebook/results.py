@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at", "breaking_effects",
-           "seed_summary", "provenance_summary", "Table", "effects_table", "final_statistic",
-           "Decision", "pairs_by_seed", "decide", "decisions", "Correlation", "rank_correlation",
-           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+__all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
+           "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
+           "final_statistic", "Decision", "pairs_by_seed", "decide", "decisions", "Correlation",
+           "rank_correlation", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
