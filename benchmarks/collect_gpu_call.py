@@ -4,15 +4,18 @@
 
 ``FILES_AT`` is the folder the device tool copied ``$OUT`` to. The script
 
-1. writes the result files of ``paper.tar`` (and ``paper_lr.tar``) into ``results/gpu/<preset>/``,
-   each checked as a result record (:meth:`gaugebook.results.Run.from_dict`). It never replaces
-   a complete run by a truncated one, and never copies a failed run's ``*.error.json`` there
-   (:func:`gaugebook.results.load_runs` refuses a folder that holds one): those go to the logs;
+1. writes the result files of ``paper.tar`` (and ``paper_lr.tar``) into
+   ``results/gpu/<preset>/``, each checked as a result record
+   (:meth:`gaugebook.results.Run.from_dict`). It never replaces a complete run by a truncated
+   one nor a cut run by one cut earlier, and never copies a failed run's ``*.error.json``
+   there (:func:`gaugebook.results.load_runs` refuses a folder that holds one): those go to
+   the logs;
 2. copies the logs (``paper.log`` with one progress line per 1,000 steps, ``grid.log``,
    ``gpu_tests.txt``, ``gpu_utilisation.csv``, ...) into a new ``results/gpu/logs-<date>/``
    (``logs-<date>b``, ``c``, ... when that exists);
-3. copies the grid benchmark into ``benchmarks/results/``: a complete ``grid_h200.json`` (it has
-   the ``"bias"`` stage) under that name, a cut one and the optimizer-step stage under dated names;
+3. copies the grid benchmark into ``benchmarks/results/``: ``grid_h200.json`` (complete) under
+   that name when none is recorded yet, otherwise, like a cut one (``grid_h200_partial.json``)
+   and the optimizer-step stage, under a name dated like the logs' folder; it never overwrites;
 4. prints what ``results/gpu/paper`` now holds and the pre-registered rule on its complete arms.
 
 It writes nothing else (the READMEs and the changelog are for the person who ran the call).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import shutil
 import sys
@@ -40,24 +44,35 @@ EVERY = 1000  # progress lines kept: the first one of each 1,000 steps, per bar
 
 
 def condense(text: str) -> str:
-    """``text`` with the progress bars' repeated lines thinned to the first line of each
-    :data:`EVERY` steps of each bar, and its last line (tqdm redraws a bar with carriage
-    returns); every other line is kept."""
-    kept, last = [], {}  # bar label -> (bucket kept last, index of its last line in kept)
+    """``text`` with its progress bars thinned (tqdm redraws a bar with carriage returns): of
+    each bar, the first line of each :data:`EVERY` steps and its latest line before any other
+    output (a message, a bar restarted by a retry) and at the end, so that where a cut run
+    stopped stays; every other line is kept."""
+    kept: list[str] = []
+    bars: dict[str, tuple[int, int, bool]] = {}  # label -> (bucket, index in kept, latest only)
     for line in re.split(r"[\r\n]+", text):
         match = PROGRESS.search(line)
         if not line.strip():
             continue
-        if match is None:
+        if match is None:  # other output: the bars' latest lines stay, a later bar starts anew
             kept.append(line)
+            bars.clear()
             continue
         label = line.split(":")[0]
         done, total = map(int, match.groups())
-        bucket = done // EVERY if done < total else -1  # the end is always kept
-        if label in last and last[label][0] == bucket:
-            continue
-        last[label] = (bucket, len(kept))
+        bucket = done // EVERY if done < total else -1  # the end is a bucket of its own
+        if label in bars:
+            last_bucket, index, latest = bars[label]
+            if latest:  # the bar's latest line so far, not the first of its bucket: replace it
+                kept[index] = line
+                bars[label] = (bucket, index, bucket == last_bucket)
+                continue
+            if bucket == last_bucket:  # the first after a bucket's first line: the latest
+                kept.append(line)
+                bars[label] = (bucket, len(kept) - 1, True)
+                continue
         kept.append(line)
+        bars[label] = (bucket, len(kept) - 1, False)
     return f"# condensed: one progress line per {EVERY:,} steps\n" + "\n".join(kept) + "\n"
 
 
@@ -79,14 +94,20 @@ def results_from(tar_path: Path, results: Path, errors: Path) -> list[str]:
                 continue
             run = Run.from_dict(data, path)
             target = results / path
-            if target.exists() and not json.loads(target.read_text())["truncated"] \
-                    and data["truncated"]:
-                done.append(f"kept complete {target.relative_to(results)} (the call's is cut)")
-                continue
+            if target.exists():
+                old = json.loads(target.read_text())
+                if not old.get("truncated") and data["truncated"]:
+                    done.append(f"kept complete {path} (the call's is cut)")
+                    continue
+                if old.get("truncated") and data["truncated"] \
+                        and old["steps_done"] >= data["steps_done"]:
+                    done.append(f"kept {path} cut at step {old['steps_done']} (the call's is "
+                                f"cut at {data['steps_done']})")
+                    continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(data, indent=1) + "\n")
             state = "truncated" if data["truncated"] else "complete"
-            done.append(f"{target.relative_to(results)}: {state} at step {run.last_step}")
+            done.append(f"{path}: {state} at step {run.last_step}")
     return done
 
 
@@ -98,6 +119,26 @@ def new_folder(parent: Path, stem: str) -> Path:
     raise FileExistsError(f"{parent}/{stem}*: no free name")
 
 
+def benchmark_targets(files_at: Path, bench: Path, tag: str) -> dict[Path, Path]:
+    """``{file of the call: where it goes}`` for the grid benchmark's files. gpu_session.sh
+    names a complete benchmark ``grid_h200.json`` and a cut one ``grid_h200_partial.json``; a
+    complete one becomes ``benchmarks/results/grid_h200.json`` unless one is recorded, and every
+    other file a name with the call's ``tag`` (its date, and b, c, ... for later calls that
+    day). FileExistsError, before anything is written, when a target exists."""
+    targets = {}
+    for name, stem in (("grid_h200.json", "grid_h200"),
+                       ("grid_h200_partial.json", "grid_h200_partial"),
+                       ("grid_steps.json", "grid_h200_steps")):
+        if (files_at / name).is_file():
+            target = bench / f"{stem}_{tag}.json"
+            if name == "grid_h200.json" and not (bench / name).exists():
+                target = bench / name
+            if target.exists():
+                raise FileExistsError(f"{target} exists: move it or pass another --date")
+            targets[files_at / name] = target
+    return targets
+
+
 def collect(files_at: Path, root: Path, date: str) -> list[str]:
     """Everything above, from ``files_at`` into the repository at ``root``; returns the report."""
     files_at = Path(files_at)
@@ -105,6 +146,8 @@ def collect(files_at: Path, root: Path, date: str) -> list[str]:
         raise FileNotFoundError(f"no folder {files_at}: pass the folder the device tool copied "
                                 "the call's files to (files_at)")
     logs = new_folder(root / "results" / "gpu", f"logs-{date}")
+    bench = benchmark_targets(files_at, root / "benchmarks" / "results",
+                              logs.name.removeprefix("logs-"))
     report = []
     for name in RESULT_TARS:
         if (files_at / name).is_file():
@@ -116,19 +159,9 @@ def collect(files_at: Path, root: Path, date: str) -> list[str]:
             text = source.read_text(errors="replace")
             (logs / name).write_text(condense(text) if name.endswith(".log") else text)
             report.append(f"{logs.relative_to(root)}/{name}")
-    bench = root / "benchmarks" / "results"
-    grid = files_at / "grid_h200.json"
-    if grid.is_file():
-        complete = "bias" in json.loads(grid.read_text())
-        target = bench / ("grid_h200.json" if complete else f"grid_h200_partial_{date}.json")
-        shutil.copyfile(grid, target)
-        report.append(f"{target.relative_to(root)}{'' if complete else ' (cut short)'}")
-    for name, stem in (("grid_h200_partial.json", "grid_h200_partial"),
-                       ("grid_steps.json", "grid_h200_steps")):
-        if (files_at / name).is_file():
-            target = bench / f"{stem}_{date}.json"
-            shutil.copyfile(files_at / name, target)
-            report.append(f"{target.relative_to(root)}")
+    for source, target in bench.items():
+        shutil.copyfile(source, target)
+        report.append(f"{target.relative_to(root)}")
     return report
 
 
@@ -141,13 +174,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         report = collect(args.files_at, args.root, args.date)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, FileExistsError) as error:
         parser.error(str(error))
     print("\n".join(report))
     from gaugebook.decision_plots import recorded_paper_arms
     from gaugebook.results import decisions
 
-    runs, status = recorded_paper_arms(extra_roots=[args.root])
+    os.chdir(args.root)  # the status of this repository's results, found from here first
+    runs, status = recorded_paper_arms()
     print(f"results/gpu/paper: {status}")
     for verdict in decisions(runs):
         print(verdict.sentence())

@@ -63,9 +63,10 @@ def recorded_paper_arms(preset: str = "paper", *, extra_roots=()) -> tuple[list[
     if preset not in RECORDED_PRESETS:
         raise ValueError(f"no recorded folder for preset {preset!r}; recorded presets: "
                          f"{sorted(RECORDED_PRESETS)}")
-    part_of = {cfg.name: part for part, cfgs in presets()[preset].items() for cfg in cfgs}
-    arm = {cfg.name: arm_of(cfg.optimizer, cfg.tag)
-           for cfgs in presets()[preset].values() for cfg in cfgs}
+    part_of, arm = {}, {}  # per run of the preset: its part, its arm
+    for part, cfgs in presets()[preset].items():
+        for cfg in cfgs:
+            part_of[cfg.name], arm[cfg.name] = part, arm_of(cfg.optimizer, cfg.tag)
     try:
         runs = load_runs(find_results(RECORDED_PRESETS[preset], extra_roots=extra_roots))
     except FileNotFoundError:

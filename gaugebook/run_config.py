@@ -52,9 +52,10 @@ class RunConfig:
     ECD's ``partition`` (``"gpt2"`` or ``"parameters"``, required with
     ``projection="per_tensor"``) and SGDM's ``init_velocity_std`` (a random initial momentum
     buffer, as in the paper's code), which the trainer applies. ``max_wall_s`` (seconds, or
-    ``None``) stops a call of the trainer after that long, counted from the call's start: a run
-    resumed from a checkpoint gets the whole budget again (its recorded ``wall_s`` still adds up
-    every call); the run is then evaluated at its last step and recorded ``truncated``."""
+    ``None``) stops a call of the trainer after that long, counted from the first step of the
+    call (after setup and any resume): a run resumed from a checkpoint gets the whole budget
+    again (its recorded ``wall_s`` still adds up every call); the run is then evaluated at its
+    last step and recorded ``truncated``."""
 
     optimizer: str
     symmetry: str = "symmetric"

@@ -589,9 +589,9 @@ def _measure(cohort: _Cohort, before: dict, start: float) -> None:
 
 
 def _out_of_time(cfg: RunConfig, start: float, device, world: int) -> bool:
-    """Whether ``max_wall_s`` has passed since ``start`` (this call's start: a resumed run's
-    earlier time does not count, so a retry gets its whole budget), by rank 0's clock (all ranks
-    agree)."""
+    """Whether ``max_wall_s`` has passed since ``start`` (this call's first step: a resumed
+    run's earlier time does not count, so a retry gets its whole budget), by rank 0's clock (all
+    ranks agree)."""
     if cfg.max_wall_s is None:
         return False
     over = time.perf_counter() - start > cfg.max_wall_s
