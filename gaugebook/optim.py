@@ -181,11 +181,10 @@ class ECD(Optimizer):
         self._generators = [torch.Generator(device=device).manual_seed(int(s))
                             for s in chaos_seeds]
         self._moved, self._skipped, self._started = [0] * R, [0] * R, [False] * R
-        # off the CPU, the steps taken on the device and not yet counted, [3, R]: moved,
-        # skipped, not finite (added to in place, so that a CUDA graph's replays add up too);
-        # read only once a step has run there (set then, never reset: replays run no Python)
+        # the steps taken on the device and not yet counted, [3, R]: moved, skipped, not finite
+        # (added to in place, so that a CUDA graph's replays add up too); made by the first
+        # step there, so that None means that no step has run there to be counted
         self._pending: torch.Tensor | None = None
-        self._stepped_on_device = False
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
         self._units: _Units | None = None  # the device step's constants (off the CPU)
@@ -286,7 +285,7 @@ class ECD(Optimizer):
     def _settle(self) -> None:
         """Count the steps taken on the device since the last call (one read to the host), warn
         about skipped ones, and raise if one of them met a non-finite loss or gradient."""
-        if self._pending is None or not self._stepped_on_device:
+        if self._pending is None:
             return
         moved, skipped, bad = self._pending.tolist()
         self._pending.zero_()
@@ -381,7 +380,6 @@ class ECD(Optimizer):
                                     device=device))
         if _on_device(params[0]):  # here, where a step synchronises anyway
             self._prepare_units(device)
-            self._pending = torch.zeros(3, R, dtype=torch.long, device=device)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
@@ -686,8 +684,9 @@ class ECD(Optimizer):
                                     alpha=dt)
         bad = ~(torch.isfinite(F) & torch.isfinite(vg.sum(1)) & torch.isfinite(gg.sum(1)))
         counts = torch.stack([moving.long(), (~moving).long(), bad.long()])
+        if self._pending is None:  # (the first device step precedes a CUDA graph's capture)
+            self._pending = torch.zeros_like(counts)
         self._pending.add_(counts)
-        self._stepped_on_device = True
 
     def _rates(self) -> tuple:
         return float(self._shared("eta")), tuple(group["lr"] for group in self.param_groups)
@@ -740,7 +739,6 @@ class ECD(Optimizer):
                              "an optimizer's state loads only into an optimizer of its kind")
         super().load_state_dict(state_dict)
         R, self._pending, self._units = self._R, None, None
-        self._stepped_on_device = False
         steps, skipped = extra["steps"], extra["skipped_steps"]
         self._moved = list(steps) if isinstance(steps, list) else [int(steps)] * R
         self._skipped = list(skipped) if isinstance(skipped, list) else [int(skipped)] * R
