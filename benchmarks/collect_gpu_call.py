@@ -44,35 +44,31 @@ EVERY = 1000  # progress lines kept: the first one of each 1,000 steps, per bar
 
 
 def condense(text: str) -> str:
-    """``text`` with its progress bars thinned (tqdm redraws a bar with carriage returns): of
-    each bar, the first line of each :data:`EVERY` steps and its latest line before any other
-    output (a message, a bar restarted by a retry) and at the end, so that where a cut run
-    stopped stays; every other line is kept."""
+    """``text`` with its progress bars thinned (tqdm redraws a bar with carriage returns): between
+    two other lines (a message, a bar restarted by a retry), each bar keeps the first line of
+    each :data:`EVERY` steps and its last line, so that where a cut run stopped stays; every
+    other line is kept."""
     kept: list[str] = []
-    bars: dict[str, tuple[int, int, bool]] = {}  # label -> (bucket, index in kept, latest only)
+    bars: list[tuple[str, int, str]] = []  # the progress lines since the last other line
+
+    def flush():
+        last = {label: i for i, (label, _, _) in enumerate(bars)}
+        seen = set()
+        for i, (label, bucket, line) in enumerate(bars):
+            if (label, bucket) not in seen or last[label] == i:
+                kept.append(line)
+            seen.add((label, bucket))
+        bars.clear()
+
     for line in re.split(r"[\r\n]+", text):
         match = PROGRESS.search(line)
-        if not line.strip():
-            continue
-        if match is None:  # other output: the bars' latest lines stay, a later bar starts anew
+        if match is not None:
+            done, total = map(int, match.groups())
+            bars.append((line.split(":")[0], done // EVERY if done < total else -1, line))
+        elif line.strip():
+            flush()
             kept.append(line)
-            bars.clear()
-            continue
-        label = line.split(":")[0]
-        done, total = map(int, match.groups())
-        bucket = done // EVERY if done < total else -1  # the end is a bucket of its own
-        if label in bars:
-            last_bucket, index, latest = bars[label]
-            if latest:  # the bar's latest line so far, not the first of its bucket: replace it
-                kept[index] = line
-                bars[label] = (bucket, index, bucket == last_bucket)
-                continue
-            if bucket == last_bucket:  # the first after a bucket's first line: the latest
-                kept.append(line)
-                bars[label] = (bucket, len(kept) - 1, True)
-                continue
-        kept.append(line)
-        bars[label] = (bucket, len(kept) - 1, False)
+    flush()
     return f"# condensed: one progress line per {EVERY:,} steps\n" + "\n".join(kept) + "\n"
 
 

@@ -42,13 +42,24 @@ def tolerance(dtype: torch.dtype, cond: float = 10.0) -> float:
     return 100 * cond * torch.finfo(dtype).eps
 
 
-@pytest.fixture
-def bench_grid(monkeypatch):
-    """``benchmarks/bench_grid.py`` as a module; it and ``bench_training`` are not the library's,
-    so they leave ``sys.modules`` afterwards, pass or fail."""
+def _benchmark(monkeypatch, name: str, *imports: str):
+    """``benchmarks/<name>.py`` as a module; it and the benchmark modules it ``imports`` are not
+    the library's, so they leave ``sys.modules`` afterwards, pass or fail."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     try:
-        yield importlib.import_module("bench_grid")
+        yield importlib.import_module(name)
     finally:
-        sys.modules.pop("bench_grid", None)
-        sys.modules.pop("bench_training", None)
+        for module in (name, *imports):
+            sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def bench_grid(monkeypatch):
+    """``benchmarks/bench_grid.py`` (which imports ``bench_training``)."""
+    yield from _benchmark(monkeypatch, "bench_grid", "bench_training")
+
+
+@pytest.fixture
+def collect_gpu_call(monkeypatch):
+    """``benchmarks/collect_gpu_call.py``."""
+    yield from _benchmark(monkeypatch, "collect_gpu_call")

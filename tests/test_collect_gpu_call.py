@@ -1,21 +1,9 @@
 """benchmarks/collect_gpu_call.py: a GPU call's files brought into the repository."""
-import importlib
 import io
 import json
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture
-def collect_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    try:
-        yield importlib.import_module("collect_gpu_call")
-    finally:
-        sys.modules.pop("collect_gpu_call", None)
 
 
 def result(name, truncated, last_step):
@@ -40,8 +28,8 @@ def pack(path, files):
             tar.addfile(info, io.BytesIO(raw))
 
 
-def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_module, monkeypatch,
-                                                           capsys):
+def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_gpu_call,
+                                                           monkeypatch, capsys):
     root, files = tmp_path / "repo", tmp_path / "files"
     (root / "results" / "gpu" / "paper").mkdir(parents=True)
     (root / "benchmarks" / "results").mkdir(parents=True)
@@ -69,7 +57,7 @@ def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_mod
     (files / "grid_steps.json").write_text("{}")
     (files / "grid_h200.json").write_text(json.dumps({"steps": {}, "bias": {}}))
 
-    report = collect_module.collect(files, root, "2026-12-05")
+    report = collect_gpu_call.collect(files, root, "2026-12-05")
     saved = {name: json.loads((paper / f"{name}.json").read_text()) for name in recorded}
     assert saved["ecd-bq-prelu-s0-pt"] == recorded["ecd-bq-prelu-s0-pt"]  # complete stays
     assert saved["ecd-bqv-prelu-s0-pt"] == recorded["ecd-bqv-prelu-s0-pt"]  # the longer cut
@@ -92,19 +80,19 @@ def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_mod
             "15000)") in report
     # a second collection of the same call: the benchmark goes under the next tag, and a
     # name that is taken is refused before anything is written
-    report = collect_module.collect(files, root, "2026-12-05")
+    report = collect_gpu_call.collect(files, root, "2026-12-05")
     assert "benchmarks/results/grid_h200_2026-12-05c.json" in report
     (bench / "grid_h200_steps_2026-12-05d.json").write_text("{}")
     with pytest.raises(FileExistsError, match="grid_h200_steps_2026-12-05d.json exists"):
-        collect_module.collect(files, root, "2026-12-05")
+        collect_gpu_call.collect(files, root, "2026-12-05")
     assert not (root / "results" / "gpu" / "logs-2026-12-05d").exists()
     with pytest.raises(FileNotFoundError, match="files_at"):
-        collect_module.collect(tmp_path / "nowhere", root, "2026-12-05")
+        collect_gpu_call.collect(tmp_path / "nowhere", root, "2026-12-05")
     # the command: it reports, then the status of the repository's own results/gpu/paper
     monkeypatch.chdir(tmp_path)
     (files / "grid_steps.json").unlink()
     (files / "grid_h200.json").unlink()
-    collect_module.main([str(files), "--root", str(root), "--date", "2026-12-06"])
+    collect_gpu_call.main([str(files), "--root", str(root), "--date", "2026-12-06"])
     out = capsys.readouterr().out
     assert "results/gpu/logs-2026-12-06/paper.log" in out
     assert out.endswith("results/gpu/paper: 4 of the 21 runs recorded (parts seed0-pt, seed1-pt), "
