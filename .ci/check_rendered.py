@@ -2,6 +2,7 @@
 """Check the built book the way a reader sees it: in headless Chromium, with the network closed.
 
 Usage: python .ci/check_rendered.py [HTML_DIR] [--chromium PATH] [--budget-ms MS] [--jobs N]
+                                    [--pages NAME ...]
 
 HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0.1 (the handler of
 ``python -m http.server``); Chromium may resolve no other host. Each page under ``HTML_DIR/book/``
@@ -25,7 +26,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
 * widths: no shown code cell (folded ``hide-input`` cells aside) and no output scrolls sideways
   in the 1280 px window, measured in the page (the book's visible code and printed text are at
   most 88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
-  table wider than its cell's output area;
+  table wider than its cell's output area; nor does any displayed equation (the theme lets a
+  wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -175,10 +177,23 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
     }
     return out;
   };
+  var equations = function () {  // display math scrolls inside its container (the theme's)
+    var out = [], found = document.querySelectorAll("div.math mjx-container");
+    for (var i = 0; i < found.length; i++) {
+      var m = found[i];
+      if (m.offsetParent !== null && m.scrollWidth > m.clientWidth + 1) {
+        var items = window.MathJax && MathJax.startup.document.getMathItemsWithin(m);
+        var tex = items && items.length ? items[0].math : m.textContent;
+        out.push("equation: " + tex.replace(/\s+/g, " ").trim().slice(0, 90));
+      }
+    }
+    return out;
+  };
   var pre = document.createElement("pre");
   pre.id = "%s";
   pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
-                                    outputs: scrolls("div.cell_output pre").concat(tables())});
+                                    outputs: scrolls("div.cell_output pre").concat(tables()),
+                                    math: equations()});
   document.body.appendChild(pre);
 }, 700); });</script>""" % WIDTHS_ID
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
@@ -416,6 +431,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"a code cell scrolls sideways at 1280 px: {line!r}")
         for line in widths["outputs"]:
             result.failures.append(f"an output is wider than its column at 1280 px: {line!r}")
+        for line in widths["math"]:
+            result.failures.append(f"display math scrolls sideways at 1280 px: {line!r}")
     else:
         result.failures.append("the width probe did not report")
     rendered_views = sum(rendered.subareas)
@@ -433,10 +450,14 @@ def main(argv=None) -> int:
     parser.add_argument("--chromium", help="Chromium executable (default: found on PATH)")
     parser.add_argument("--budget-ms", type=int, default=10000, help="--virtual-time-budget")
     parser.add_argument("--jobs", type=int, default=2, help="pages rendered at once")
+    parser.add_argument("--pages", nargs="+", metavar="NAME",
+                        help="only the pages whose path holds one of these (default: all)")
     args = parser.parse_args(argv)
 
     html_dir = args.html_dir.resolve()
     pages = sorted(p.relative_to(html_dir).as_posix() for p in (html_dir / "book").rglob("*.html"))
+    if args.pages:
+        pages = [page for page in pages if any(name in page for name in args.pages)]
     if not pages:
         print(f"check_rendered: no pages under {html_dir}/book/: build the book first "
               "(jupyter-book build .)", file=sys.stderr)
@@ -482,7 +503,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
-          "interactive figures responding, no code cell or output wider than its column, "
+          "interactive figures responding, no code cell, output or equation wider than its column, "
           "no network, no JavaScript error).")
     return 0
 
