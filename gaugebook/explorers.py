@@ -3,8 +3,8 @@ r"""Interactive figures of chapters 5, 15 and 16, precomputed over their control
 and in Colab alike, with no kernel behind the controls).
 
 * :func:`rope_commutant_explorer` (chapter 5): the QK gauge algebra that survives RoPE with two
-  rotation planes of angular frequencies ``omega_1, omega_2``, the commutant of the rotations
-  ``R_t``: ``gl(4)`` (16) when neither plane turns, ``gl(2) + C`` (6) when one does,
+  rotation planes of frequencies ``theta_1, theta_2`` (radians per position), the commutant of
+  the rotations ``R_t``: ``gl(4)`` (16) when neither plane turns, ``gl(2) + C`` (6) when one does,
   ``gl(2, C)`` (8) when both turn at the same frequency, ``C + C`` (4) otherwise.
 * :func:`ecd_explorer` (chapter 15): the path of the q = 1 ECD map
   (:func:`~gaugebook.landscapes.ecd_path`) on the tilted four-well landscape for a choice of
@@ -40,26 +40,27 @@ def rope_commutant(frequencies, *, positions=(1.0, 2.0, 3.0)):
     return commutant(torch.stack([rotation_matrix(t, freqs, d) for t in positions]))
 
 
-def _commutant_frame(w1: float, w2: float) -> str:
-    C = rope_commutant([w1, w2])
+def _commutant_frame(theta1: float, theta2: float) -> str:
+    C = rope_commutant([theta1, theta2])
     support = C.basis.abs().sum(0) > 1e-9  # (d, d): entries some surviving generator uses
     fig = Figure(figsize=(3.6, 3.2), layout="constrained")
     ax = fig.subplots()
     ax.imshow(support.numpy(), cmap="Blues", vmin=0, vmax=1.4)
     labels = ["1a", "2a", "1b", "2b"]  # rotate() pairs coordinate i with i + d/2
     ax.set(xticks=range(4), yticks=range(4), xticklabels=labels, yticklabels=labels,
-           title=f"omega = ({w1:g}, {w2:g}): dimension {C.dimension}")
+           title=f"theta = ({theta1:g}, {theta2:g}): dimension {C.dimension}")
     ax.set_xlabel("column (plane, coordinate)")
-    return figure_html(fig, alt=f"Entries of the commutant for frequencies {w1:g} and {w2:g}: "
-                                f"dimension {C.dimension} of 16.")
+    return figure_html(fig, alt=f"Entries of the commutant for frequencies {theta1:g} and "
+                                f"{theta2:g}: dimension {C.dimension} of 16.")
 
 
 def rope_commutant_explorer() -> StaticExplorer:
-    """Two sliders, the frequencies of the two planes; the frame marks which entries of a 4 x 4
-    QK gauge matrix may be non-zero and gives the commutant's dimension."""
+    """Two sliders, the frequencies ``theta_1, theta_2`` of the two planes (radians per
+    position); the frame marks which entries of a 4 x 4 QK gauge matrix may be non-zero and
+    gives the commutant's dimension."""
     freqs = [0.0, 0.5, 1.0]
     return StaticExplorer(
-        [Control("omega_1", freqs, value=1.0), Control("omega_2", freqs, value=0.5)],
+        [Control("theta_1", freqs, value=1.0), Control("theta_2", freqs, value=0.5)],
         _commutant_frame,
         alt="The entries of a 4 by 4 QK gauge matrix that commute with RoPE's rotations, for "
             "chosen frequencies of the two planes, and the dimension of that commutant.")

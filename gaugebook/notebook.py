@@ -1,12 +1,16 @@
 """Helpers for the book's notebooks that also work outside Jupyter Book (Colab, plain Jupyter).
 
 The chapters keep their teaching code visible and short; what only serves the page (gluing
-numbers into the prose, assembling tables, showing result files) lives here.
+numbers into the prose, assembling tables, showing result files) lives here, and so do the
+small helpers that many chapters' checks share (:func:`relative_change`, :func:`flat`,
+:func:`with_weights`).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import torch
 from IPython.display import display
 
 from gaugebook.results import Table
@@ -22,6 +26,31 @@ def glue(name: str, value, display_value: bool = True) -> None:
             display(value)
         return
     myst_glue(name, value, display=display_value)
+
+
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
+    """``max |new - old| / max |old|`` over all entries: how much a tensor (an output, a
+    score matrix) changed, relative to its own size. For a layer, pass its outputs:
+    ``relative_change(m_new(X), m(X))``."""
+    with torch.no_grad():
+        return ((new - old).abs().max() / old.abs().max()).item()
+
+
+def flat(module: torch.nn.Module) -> torch.Tensor:
+    """All parameters of ``module`` as one detached vector ``theta`` (in the order of
+    ``module.parameters()``)."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def with_weights(module: torch.nn.Module, **weights) -> torch.nn.Module:
+    """A deep copy of ``module`` with the named parameters replaced by ``weights`` (for
+    transformations that are not library actions, such as the source's wrong ones); the
+    module passed in is not changed."""
+    out = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, value in weights.items():
+            getattr(out, name).copy_(value)
+    return out
 
 
 def html_table(header, body, caption: str | None = None):

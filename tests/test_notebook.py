@@ -1,7 +1,13 @@
-"""The notebook helpers: one table renderer, and no machine paths on the page."""
+"""The notebook helpers: one table renderer, no machine paths on the page, and the small
+helpers that the chapters' checks share."""
 from pathlib import Path
 
-from gaugebook.notebook import html_table, recorded_command, repo_relative
+import pytest
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.notebook import (flat, html_table, recorded_command, relative_change,
+                                repo_relative, with_weights)
 from gaugebook.results import Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,3 +44,33 @@ def test_recorded_command_shows_the_file_in_the_repository():
         "python benchmarks/bench_training.py --device cuda --out benchmarks/results/h200.json")
     relative = "python b.py --out benchmarks/results/cpu.json --steps 60"
     assert recorded_command(relative, "benchmarks/results/cpu.json") == relative
+
+
+def test_relative_change_is_relative_to_the_old_tensor():
+    old = torch.tensor([[1.0, -4.0], [2.0, 0.5]], dtype=torch.float64)
+    new = old.clone()
+    new[1, 0] += 0.5
+    assert relative_change(new, old) == pytest.approx(0.5 / 4.0)
+    assert relative_change(old, old) == 0.0
+    assert relative_change(3.0 * old, old) == pytest.approx(2.0 * 4.0 / 4.0)
+
+
+def test_relative_change_of_module_outputs(generator):
+    m = MultiHeadAttention(4, 2, 2, dtype=torch.float64, generator=generator)
+    x = torch.randn(2, 3, 4, generator=generator, dtype=torch.float64)
+    scaled = with_weights(m, W_O=2.0 * m.W_O)  # the output doubles exactly
+    assert isinstance(relative_change(scaled(x), m(x)), float)  # outputs that need grad
+    assert relative_change(scaled(x), m(x)) == pytest.approx(1.0)
+
+
+def test_flat_and_with_weights(generator):
+    m = MultiHeadAttention(4, 2, 2, bias=True, dtype=torch.float64, generator=generator)
+    theta = flat(m)
+    assert theta.shape == (sum(p.numel() for p in m.parameters()),) and not theta.requires_grad
+    assert torch.equal(theta[: m.W_Q.numel()], m.W_Q.detach().reshape(-1))
+    new_q = torch.zeros_like(m.W_Q)
+    moved = with_weights(m, W_Q=new_q, b_O=m.b_O + 1.0)
+    assert torch.equal(moved.W_Q, new_q) and torch.equal(moved.b_O, m.b_O + 1.0)
+    assert torch.equal(moved.W_K, m.W_K) and moved.W_Q.requires_grad
+    assert torch.equal(flat(m), theta)  # the module passed in is unchanged
+    assert flat(moved).shape == theta.shape

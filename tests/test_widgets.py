@@ -116,6 +116,23 @@ def test_condition_explorer_judges_the_bound_on_the_absolute_error(small):
     assert "holds here" in quiet.readout.value and "is violated here" in scaled.readout.value
 
 
+def test_condition_explorer_judges_each_dtype_with_its_own_eps(small):
+    # the source states 24 eps for float64; a float32 run is judged against 24 eps_float32
+    explorer = ConditionExplorer(*small, seeds=2, cond=1.0, dtype="float32")
+    readout = explorer.readout.value
+    bound = 24 * torch.finfo(torch.float32).eps
+    assert f"24 eps (float32) = {bound:.1e}" in readout
+    absolute = explorer.errors(1.0, "float32").max().item() * explorer.output_scale
+    assert 24 * torch.finfo(torch.float64).eps < absolute <= bound  # float64's would fail it
+    assert "holds here" in readout
+    explorer.cond.value = 1e6  # c eps_32 times the output scale: far above 24 eps_32
+    assert "24 eps (float32)" in explorer.readout.value
+    assert "is violated here" in explorer.readout.value
+    explorer.dtype.value = "float64"
+    bound64 = 24 * torch.finfo(torch.float64).eps
+    assert f"24 eps (float64) = {bound64:.1e}" in explorer.readout.value
+
+
 def test_orbit_path_moves_weights_not_outputs(small):
     path = orbit_path(*small, [0.0, 1.0, 2.0])
     assert path["parameter_change"][0] == 0
