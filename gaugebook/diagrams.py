@@ -270,9 +270,9 @@ def moe_diagram(n_experts: int = 4) -> Figure:
 
 def sharpness_orbit_diagram() -> Figure:
     """The loss is constant along the orbit :math:`M = N = \\alpha I`, but its Hessian changes
-    by a congruence, :math:`\\nabla^2\\mathcal L(A\\theta) = A^{-\\top}\\nabla^2\\mathcal
-    L(\\theta)A^{-1}`: the local curvature (drawn as an ellipse) differs from point to point
-    (chapter 9)."""
+    by a congruence, :math:`\\nabla^2\\mathcal L(\\mathcal A\\theta) = \\mathcal A^{-\\top}
+    \\nabla^2\\mathcal L(\\theta)\\mathcal A^{-1}`: the local curvature (drawn as an ellipse)
+    differs from point to point (chapter 9)."""
     fig, ax = _canvas()
     s = np.linspace(0.3, 3.2, 100)
     _curve(ax, 1.0 + 2.6 * s, 1.2 + 3.4 / (1 + s), ORANGE)
@@ -285,8 +285,9 @@ def sharpness_orbit_diagram() -> Figure:
         _label(ax, x, y + dy, rf"$\alpha = {a:g}$", size=10)
     _label(ax, 5.0, 5.7, r"$M = N = \alpha I$: $W_Q, W_V$ times $\alpha$, $W_K, W_O$ over"
            r" $\alpha$", size=10)
-    _label(ax, 5.0, 5.1, r"$\nabla^2\mathcal{L}(A\theta) = A^{-\top}\,\nabla^2\mathcal{L}"
-           r"(\theta)\,A^{-1}$: same function, different curvature", BLUE, 9)
+    _label(ax, 5.0, 5.1, r"$\nabla^2\mathcal{L}(\mathcal{A}\theta) = \mathcal{A}^{-\top}\,"
+           r"\nabla^2\mathcal{L}(\theta)\,\mathcal{A}^{-1}$: same function, different curvature",
+           BLUE, 9)
     return fig
 
 

@@ -88,6 +88,20 @@ def principal_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return torch.linalg.svdvals(U.T @ V).clamp(max=1.0)
 
 
+def loglog_slope(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Least-squares slope of ``log10 y`` against ``log10 x`` for ``x [n]`` and ``y [n]`` or
+    ``[n, k]`` (positive), averaged over the ``k`` columns: the exponent ``p`` of a power law
+    ``y ~ x^p`` (chapter 10 fits how singular values vanish near a special point)."""
+    x, y = torch.as_tensor(x).to(DTYPE), torch.as_tensor(y).to(DTYPE)
+    if y.ndim == 1:
+        y = y[:, None]  # (n, 1)
+    if y.shape[0] != x.shape[0] or x.ndim != 1:
+        raise ValueError(f"x must be [n] and y [n] or [n, k], got {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
+    design = torch.stack([torch.ones_like(x), x.log10()], 1)  # (n, 2)
+    return torch.linalg.lstsq(design, y.log10()).solution[1].mean().item()
+
+
 def remove_components(V: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """``V [n]`` or ``[n, k]`` minus its orthogonal projection onto the column span of
     ``basis [n, m]`` (any basis, not necessarily orthonormal): ``V - Q Q^T V`` with ``Q`` an

@@ -21,7 +21,7 @@ EXPECTED = {
     "redundancy_terms_diagram": ["qk_gauge", "in all"],
     "gqa_diagram": [r"$W_K^{(1)}, W_V^{(1)}$", "group 1"],
     "moe_diagram": [r"expert $E_4$", r"\sigma(j)"],
-    "sharpness_orbit_diagram": [r"$\alpha = 2$", r"A^{-\top}"],
+    "sharpness_orbit_diagram": [r"$\alpha = 2$", r"\mathcal{A}^{-\top}"],
     "quotient_diagram": [r"$\mathcal{F}$", r"\Theta/\mathcal{G}"],
     "connections_diagram": ["NTK", "information bottleneck"],
     "experiment_pipeline_diagram": ["float64 and float32"],

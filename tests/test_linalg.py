@@ -5,7 +5,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from gaugebook.linalg import numerical_rank, principal_cosines, random_gl, remove_components
+from gaugebook.linalg import (loglog_slope, numerical_rank, principal_cosines, random_gl,
+                              remove_components)
 
 F64 = torch.float64
 
@@ -63,3 +64,12 @@ def test_remove_components_leaves_the_orthogonal_part():
     assert torch.equal(remove_components(V, torch.zeros(8, 0, dtype=F64)), V)
     with pytest.raises(ValueError, match="rows"):
         remove_components(V, torch.ones(7, 1, dtype=F64))
+
+
+def test_loglog_slope_recovers_power_laws_column_by_column():
+    x = torch.logspace(-8, -2, 7, dtype=F64)
+    assert math.isclose(loglog_slope(x, 3.0 * x), 1.0, rel_tol=1e-12)
+    both = torch.stack([x**2, 5.0 * x**2], 1)  # (7, 2): the mean of the columns' slopes
+    assert math.isclose(loglog_slope(x, both), 2.0, rel_tol=1e-12)
+    with pytest.raises(ValueError):
+        loglog_slope(x, x[:3])
