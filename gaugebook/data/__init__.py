@@ -1,4 +1,5 @@
-"""Data for the experiment (chapter 16): the default corpus, its 14 logic-puzzle probes, real text.
+"""Data for the experiments (chapters 12, 17 to 19): the default corpus, its 14 puzzle probes,
+real text.
 
 The paper pre-trains on FineWeb-Edu without repeating data. Repeating a small text makes the
 comparison of optimizers about over-fitting, so the default corpus is generated: an unbounded,
