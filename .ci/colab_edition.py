@@ -71,6 +71,7 @@ COLAB_INSTALL_MARK = "google.colab"
 FOLDED = {"remove-cell": "# @title Not on the page; later cells use what it computes\n",
           "remove-input": "# @title The page shows only this cell's output\n",
           "hide-input": "# @title Collapsed on the page, as here\n"}
+SHOW_CODE = "Show code: "  # how a titled toggle on the page begins (cell metadata, see fold)
 
 # box colours (left border; the background is the same colour, faint, so both Colab themes read)
 BOX_COLOURS = {"warning": "#e8a317", "caution": "#e8a317", "attention": "#e8a317",
@@ -211,11 +212,20 @@ def install_cell_source(version: str) -> str:
 
 # --- hashes that tell when the edition is stale ----------------------------------------------
 
+def toggle_title(cell) -> str:
+    """The title of a folded cell's toggle on the page, if it has its own (else "")."""
+    return cell.get("metadata", {}).get("mystnb", {}).get("code_prompt_show", "")
+
+
 def source_hash(nb) -> str:
-    """SHA-256 of a notebook's cells (type, source, tags): what the edition is built from."""
-    cells = [[c["cell_type"], c["source"] if isinstance(c["source"], str) else "".join(c["source"]),
-              sorted(c.get("metadata", {}).get("tags", []))] for c in nb["cells"]]
-    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+    """SHA-256 of a notebook's cells (type, source, tags, toggle title): what the edition is
+    built from."""
+    def key(c) -> list:
+        source = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+        plain = [c["cell_type"], source, sorted(c.get("metadata", {}).get("tags", []))]
+        return plain + [toggle_title(c)] if toggle_title(c) else plain  # (untitled: as before)
+
+    return hashlib.sha256(json.dumps([key(c) for c in nb["cells"]]).encode()).hexdigest()
 
 
 def builder_hash() -> str:
@@ -521,11 +531,16 @@ def page_outputs(outputs: list) -> list:
     return kept
 
 
-def fold(cell, tags: set):
-    """Fold a code cell whose code the page hides (``FOLDED``); others stay as they are."""
+def fold(cell, tags: set, prompt: str = ""):
+    """Fold a code cell whose code the page hides (``FOLDED``); others stay as they are. A cell
+    whose page toggle has its own title (``prompt``, the source cell's
+    ``mystnb.code_prompt_show``: "Show code: <what>") keeps that title in Colab."""
     tag = next((t for t in FOLDED if t in tags), None)
     if tag is not None:
-        cell.source = FOLDED[tag] + cell.source
+        what = prompt.removeprefix(SHOW_CODE) if prompt.startswith(SHOW_CODE) else ""
+        title = (f"# @title {what[:1].upper()}{what[1:]} (collapsed on the page)\n"
+                 if what and tag == "hide-input" else FOLDED[tag])
+        cell.source = title + cell.source
         cell.metadata["cellView"] = "form"
 
 
@@ -555,7 +570,7 @@ def convert_notebook(source, executed, page: Page, version: str):
         if not tags & {"remove-output", "remove-cell"}:
             new.outputs = page_outputs(ran.get("outputs", []))
             new.execution_count = ran.get("execution_count")
-        fold(new, tags)
+        fold(new, tags, toggle_title(cell))
         cells.append(new)
     for i, new in enumerate(cells):  # ids from the content: the same book, the same edition
         new.id = hashlib.sha1(f"{page.docname}:{i}:{new.source}".encode()).hexdigest()[:8]

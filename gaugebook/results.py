@@ -25,8 +25,9 @@ import numpy as np
 
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
-           "final_statistic", "Decision", "pairs_by_seed", "decide", "decisions", "Correlation",
-           "rank_correlation", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "puzzle_gain_tests",
+           "decide", "decisions", "t_interval", "paired_gaps", "Correlation", "rank_correlation",
+           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -309,6 +310,45 @@ def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
     return {seed: (broken[seed], base[seed]) for seed in sorted(broken)}
 
 
+def partner_pairs(runs: list[Run], *, baseline: str = "symmetric") -> list[tuple[Run, Run]]:
+    """Every run that is not ``baseline`` with its ``baseline`` partner (same arm and seed):
+    ``[(broken, partner)]`` in the order of ``runs``, for gains such as
+    ``score(broken) - score(partner)``. ValueError when a partner is missing or not unique."""
+    partners: dict[tuple[str, int], list[Run]] = {}
+    for r in runs:
+        if r.symmetry == baseline:
+            partners.setdefault((r.arm, r.seed), []).append(r)
+    pairs = []
+    for r in runs:
+        if r.symmetry == baseline:
+            continue
+        found = partners.get((r.arm, r.seed), [])
+        if len(found) != 1:
+            raise ValueError(f"{r.name}: {len(found)} {baseline} runs of arm {r.arm}, seed "
+                             f"{r.seed}; a gain needs exactly one partner")
+        pairs.append((r, found[0]))
+    return pairs
+
+
+def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str, Correlation]:
+    """The test of "alignment predicts puzzle gains better than the loss does" (chapter 18):
+    each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
+    (:func:`partner_pairs`), rank-correlated (:func:`rank_correlation`) with the broken run's
+    two alignment scores and with its change of the validation statistic (broken minus partner,
+    :func:`final_statistic`). ``within_arms`` (default): permutations and bootstrap within each
+    optimizer arm, so that differences between optimizers cannot make a correlation."""
+    pairs = partner_pairs(runs)
+    gain = [b["probes"]["mean"]["top1"] - p["probes"]["mean"]["top1"] for b, p in pairs]
+    strata = [b.arm for b, _ in pairs] if within_arms else None
+    predictors = {
+        "alignment, in context": [b["alignment"]["in_context"] for b, _ in pairs],
+        "alignment, static": [b["alignment"]["static"] for b, _ in pairs],
+        "change of validation loss": [final_statistic(b) - final_statistic(p)
+                                      for b, p in pairs],
+    }
+    return {name: rank_correlation(x, gain, strata=strata) for name, x in predictors.items()}
+
+
 def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",
            last: int = LAST_EVALUATIONS) -> Decision:
     """Apply the pre-registered rule to ``arm`` (e.g. ``"ecd-pt"``), ``symmetry`` against
@@ -428,7 +468,9 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     def statistic(ix, iy):  # (draws, n) indices into x and into y -> (draws,) weighted rho
         rhos = np.stack([_spearman(x[ix[:, g]], y[iy[:, g]]) for g in groups])
         ok = ~np.isnan(rhos)  # (groups, draws)
-        return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
+        with np.errstate(invalid="ignore"):  # a draw with no rho in any group: nan, left out
+            return ((np.where(ok, rhos, 0) * weights[:, None]).sum(0)
+                    / (ok * weights[:, None]).sum(0))
 
     identity = np.arange(len(x))[None]
     observed = float(statistic(identity, identity)[0])

@@ -244,6 +244,8 @@ def test_cells_as_on_the_page(page):
         nbformat.v4.new_code_cell("z = 3", metadata={"tags": ["remove-cell"]}),
         nbformat.v4.new_code_cell("w = 4"),
         nbformat.v4.new_code_cell("v = 5", metadata={"tags": ["hide-input"]}),
+        nbformat.v4.new_code_cell("u = 6", metadata={
+            "tags": ["hide-input"], "mystnb": {"code_prompt_show": "Show code: the claims"}}),
     ])
     executed = nbformat.from_dict(json.loads(json.dumps(source)))
     shown = nbformat.v4.new_output("display_data", {"text/plain": "1"})
@@ -253,8 +255,8 @@ def test_cells_as_on_the_page(page):
         cell.outputs = [shown, widget]
     nb = edition.convert_notebook(source, executed, page, "9.9.9")
     assert [c.cell_type for c in nb.cells] == ["code", "markdown", "markdown", "code", "code",
-                                               "code", "code", "code"]
-    install, note, _, folded, no_output, removed, plain, collapsed = nb.cells
+                                               "code", "code", "code", "code"]
+    install, note, _, folded, no_output, removed, plain, collapsed, titled = nb.cells
     assert edition.PAGES + "book/01_introduction.html" in note.source
     assert install.source == edition.install_cell_source("9.9.9") and "@v9.9.9" in install.source
     assert folded.metadata["cellView"] == "form" and folded.source.endswith("x = 1")
@@ -264,6 +266,7 @@ def test_cells_as_on_the_page(page):
     assert plain.source == "w = 4" and plain.outputs == [shown] and "cellView" not in plain.metadata
     assert collapsed.metadata["cellView"] == "form" and collapsed.source.endswith("\nv = 5")
     assert collapsed.source.startswith("# @title ") and collapsed.outputs == [shown]
+    assert titled.source == "# @title The claims (collapsed on the page)\nu = 6"
     twin = nbformat.v4.new_output("display_data", {"text/plain": "Explorer(...)",
                                                    edition.WIDGET_VIEW: {"model_id": "x"},
                                                    "text/html": "<div>static twin</div>"})

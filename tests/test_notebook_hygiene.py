@@ -9,7 +9,11 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 - no notebook defines its own ``html_table`` (``gaugebook.notebook.html_table`` is the one),
 - every chapter's set-up (import) cell is hidden,
 - the visible code of the whole book is at most half of the 7,025 lines it had (issue 11),
-- no visible cell and no committed output shows a machine path (``/work/...``, ``/home/...``).
+- no visible cell and no committed output shows a machine path (``/work/...``, ``/home/...``),
+- every value a notebook glues is shown by some page (an unused glue is dead code),
+- every notebook is valid under its own nbformat version (Colab and nbclient reject others),
+- a folded cell's own toggle title (``mystnb.code_prompt_show``) reads "Show code: <what>", the
+  form the Colab edition turns into its title, and only a folded (``hide-input``) cell has one.
 
 These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
 (``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
@@ -115,6 +119,50 @@ def test_no_machine_paths():
         return found
 
     assert offenders(paths) == []
+
+
+GLUED = re.compile(r"""\bglue\(\s*(f?)(["'])(.+?)\2""")
+SHOWN = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)|\{glue:figure\}\s+([^\s\\]+)")
+
+
+def test_every_glued_value_is_shown():
+    pages = "".join(p.read_text() for p in [*BOOK.glob("*.ipynb"), *BOOK.glob("*.md")])
+    shown = {a or b for a, b in SHOWN.findall(pages)}
+    unused = []
+    for path in NOTEBOOKS:
+        for c in code_cells(path):
+            for f, _, name in GLUED.findall(source(c)):
+                # an f-string name ("ch17-seed{seed}") stands for every name it can make
+                pattern = re.sub(r"\\\{.*?\\\}", ".+", re.escape(name)) if f else re.escape(name)
+                if not any(re.fullmatch(pattern, s) for s in shown):
+                    unused.append(f"{path.name}: {name}")
+    assert unused == []
+
+
+def test_notebooks_are_valid_nbformat():
+    import nbformat
+
+    def invalid(path):
+        notebook = nbformat.reads(path.read_text(), as_version=nbformat.NO_CONVERT)
+        ids = [c["id"] for c in notebook.cells if "id" in c]
+        if len(set(ids)) < len(ids):  # validate() repairs these silently, with a warning
+            return "duplicate cell ids"
+        try:
+            nbformat.validate(notebook)
+        except nbformat.ValidationError as error:
+            return str(error).splitlines()[0]
+        return ""
+
+    assert offenders(invalid) == []
+
+
+def test_toggle_titles():
+    def wrong(path):
+        return [title for c in code_cells(path)
+                if (title := c["metadata"].get("mystnb", {}).get("code_prompt_show"))
+                and not (title.startswith("Show code: ") and "hide-input" in c["metadata"]["tags"])]
+
+    assert offenders(wrong) == []
 
 
 if __name__ == "__main__":

@@ -287,3 +287,49 @@ def test_a_correlation_between_groups_is_not_one_within_them():
     assert within.strata == 3 and within.p > 0.05 and "within 3 groups" in within.sentence()
     y_related = level + x  # within groups too
     assert rank_correlation(x, y_related, strata=arm, resamples=2000).rho > 0.99
+
+
+def test_partner_pairs_give_each_broken_run_its_symmetric_partner(tmp_path):
+    """Gains are taken against the symmetric run of the same arm and seed."""
+    from gaugebook.results import partner_pairs
+
+    records = [paper_record(arm, sym, seed, 3.0 + seed)
+               for arm in ("ecd-pt", "adamw") for seed in range(2)
+               for sym in ("symmetric", "bqv")]
+    runs = load_runs(write(tmp_path / "paired", *records))
+    pairs = partner_pairs(runs)
+    assert len(pairs) == 4 and all(b.symmetry == "bqv" for b, _ in pairs)
+    assert all((b.arm, b.seed) == (p.arm, p.seed) and p.symmetry == "symmetric"
+               for b, p in pairs)
+    assert [b.name for b, _ in pairs] == [r.name for r in runs if r.symmetry == "bqv"]
+    lone = [r for r in runs if r.name != "adamw-symmetric-prelu-s1"]
+    with pytest.raises(ValueError, match="adamw-bqv-prelu-s1: 0 symmetric runs"):
+        partner_pairs(lone)
+    with pytest.raises(ValueError, match="2 symmetric runs"):
+        partner_pairs(runs + [r for r in runs if r.name == "adamw-symmetric-prelu-s1"])
+
+
+def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
+    """Gains follow the in-context score within each arm, while the arms' levels point the other
+    way: within arms rho = +1, across all runs the arms' offsets spoil the order."""
+    from gaugebook.results import puzzle_gain_tests
+
+    records = []
+    for k, arm in enumerate(("ecd-pt", "adamw")):
+        for seed in range(4):
+            sym = paper_record(arm, "symmetric", seed, 3.0)
+            sym["probes"]["mean"]["top1"] = 0.5
+            broken = paper_record(arm, "bqv", seed, 3.0 - 0.01 * seed)  # loss: drops with seed
+            gain = 0.1 * seed - 0.5 * k  # adamw's gains lower by 0.5
+            broken["probes"] = {"mean": {"top1": 0.5 + gain}}
+            broken["alignment"] = {"in_context": seed + 10 * k,  # adamw's scores higher
+                                   "static": float((seed * 7) % 4)}  # unrelated order
+            records += [sym, broken]
+    runs = load_runs(write(tmp_path / "gains", *records))
+    within, pooled = puzzle_gain_tests(runs), puzzle_gain_tests(runs, within_arms=False)
+    assert list(within) == ["alignment, in context", "alignment, static",
+                            "change of validation loss"]
+    assert within["alignment, in context"].rho == pytest.approx(1.0)
+    assert pooled["alignment, in context"].rho < 0  # higher scores, lower gains across arms
+    assert within["change of validation loss"].rho == pytest.approx(-1.0)  # larger drop, gain
+    assert abs(within["alignment, static"].rho) < 1
