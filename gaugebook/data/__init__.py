@@ -1,5 +1,5 @@
-"""Data for the experiments (chapters 12, 17 to 19): the default corpus, its 14 puzzle probes,
-real text.
+"""Data for the experiments (chapters 9, 12 and 17 to 20): the default corpus, its 14 puzzle
+probes, real text.
 
 The paper pre-trains on FineWeb-Edu without repeating data. Repeating a small text makes the
 comparison of optimizers about over-fitting, so the default corpus is generated: an unbounded,
