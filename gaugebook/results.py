@@ -36,9 +36,10 @@ REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes
             "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
             "provenance")
 # alignment: gaugebook.interpret.alignment_scores of the trained model ({"in_context",
-# "static"}), or None where it does not apply
+# "static"}), or None where it does not apply; ways: how the run was trained from which step
+# ([{"from_step", "compile", "cuda_graphs", "cpp_wrapper"}], one entry per change of way)
 RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
-                          "trained_with", "alignment")
+                          "trained_with", "alignment", "ways")
 HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
 # path length (ECD: steps x dt; None for other optimizers), distance |theta - theta_0| from the
 # initial weights, skipped steps so far

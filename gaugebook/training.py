@@ -11,7 +11,8 @@ paths draw every random number a run uses in the same order from the same seeds,
 of a batched cohort follows the trajectory of the run trained alone.
 
 The loop is cut into one function per job: ``_setup`` (models, optimizer, generators),
-``_resume`` (a checkpoint), ``_step`` (one optimizer step for every member),
+``_resume`` (a checkpoint), ``_record_way`` (how this call trains, from which step),
+``_step`` (one optimizer step for every member),
 ``_measure`` (losses, Noether charges, path length at an evaluation) and ``_results``
 (one JSON file per run).
 """
@@ -286,6 +287,7 @@ class _Cohort:
     window_start: int = 0
     ckpt_path: Path | None = None
     cuda_graphs: bool = False  # the step is replayed as a CUDA graph (no autocast cache)
+    ways: list[dict] = dataclasses.field(default_factory=list)  # how it trained, from which step
 
     @property
     def cfg(self) -> RunConfig:
@@ -412,7 +414,8 @@ def _save_checkpoint(cohort: _Cohort) -> None:
                   "window": (cohort.window, cohort.window_start), "init": cohort.init,
                   "rng": _rng_state(cohort.device),
                   "bias_generators": [m.bias_generator.get_state() for m in cohort.members],
-                  "configs": [dataclasses.asdict(m.cfg) for m in cohort.members]},
+                  "configs": [dataclasses.asdict(m.cfg) for m in cohort.members],
+                  "ways": cohort.ways},
                  cohort.ckpt_path)
 
 
@@ -450,9 +453,20 @@ def _resume(cohort: _Cohort) -> None:
     for m, history, state in zip(cohort.members, ckpt["histories"], ckpt["bias_generators"]):
         m.history = history
         m.bias_generator.set_state(state)
+    cohort.ways = ckpt.get("ways", [])  # (older checkpoints: the earlier ways are unknown)
     window, cohort.window_start = ckpt["window"]
     cohort.window = None if window is None else window.to(cohort.device)
     _set_rng_state(ckpt["rng"], cohort.device)
+
+
+def _record_way(cohort: _Cohort) -> None:
+    """Note how this call trains (compiled, replayed as a CUDA graph, inductor's C++ wrapper)
+    from the present step, unless it trains as the call before it did: a run resumed across
+    calls that trained it differently keeps each way, with the step it took over from."""
+    way = {"compile": cohort.cfg.compile, "cuda_graphs": cohort.cuda_graphs,
+           "cpp_wrapper": os.environ.get("TORCHINDUCTOR_CPP_WRAPPER") == "1"}
+    if not cohort.ways or {k: v for k, v in cohort.ways[-1].items() if k != "from_step"} != way:
+        cohort.ways.append({"from_step": cohort.step, **way})
 
 
 def _draws(cohort: _Cohort):
@@ -665,6 +679,7 @@ def _results(cohort: _Cohort, wall: float) -> list[dict]:
             "tokens_per_s": cohort.tokens / wall,
             "peak_memory_bytes": peak,
             "trained_with": names if cohort.batched else [],
+            "ways": cohort.ways,
             "provenance": origin,
         }
         assert set(record) == set(RESULT_KEYS), set(record) ^ set(RESULT_KEYS)
@@ -783,6 +798,7 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     cohort = _setup(todo, device, batched, cuda_graphs)
     cohort.ckpt_path = _checkpoint_path(out, todo, batched)
     _resume(cohort)
+    _record_way(cohort)
     if cfg.optimizer == "adamw":  # captured: step counts on the device (set after a checkpoint
         for group in cohort.optimizer.param_groups:  # restored its own)
             group["capturable"] = cuda_graphs

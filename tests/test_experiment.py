@@ -345,3 +345,17 @@ def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, b
     assert all(s["ecd_step_s"] > 0 and s["adamw_fused"] for s in result["step"])
     assert not any("ecd_replayed_step_s" in s for s in result["step"])  # CUDA graphs: CUDA only
     assert "--steps-only" in result["command"] and "batched" not in result
+
+
+def test_a_run_resumed_another_way_records_each_way(tmp_path, monkeypatch):
+    """The GPU script retries a failed part "the next way" from its checkpoint: the result says
+    how each stretch of steps was trained, not only how the last call trained."""
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_WRAPPER", raising=False)
+    plain = {"compile": False, "cuda_graphs": False, "cpp_wrapper": False}
+    cfg = tiny(steps=8)
+    assert train(cfg, tmp_path / "same", stop_after=6) is None  # checkpoint at step 4
+    assert train(cfg, tmp_path / "same")["ways"] == [{"from_step": 0, **plain}]  # one way
+    assert train(cfg, tmp_path / "other", stop_after=6) is None
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_WRAPPER", "1")  # the way a retry may take
+    assert train(cfg, tmp_path / "other")["ways"] == [
+        {"from_step": 0, **plain}, {"from_step": 4, **plain, "cpp_wrapper": True}]
