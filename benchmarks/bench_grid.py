@@ -6,11 +6,11 @@ processes; ECD's step against fused AdamW's, alone and stacked; the cost of the 
    timed in its steady state, between its evaluations at steps N and 2N (the first N steps absorb
    compilation); the aggregate is the sum over the runs, which train at the same time. The whole
    phase's tokens over its wall time (compilation included) are recorded too.
-2. Median seconds of one ECD step (each projection among the part's ECD runs) and one fused
-   AdamW step on the preset's model, alone and with the weights of R models stacked
-   (``ECD(members=R)``, R the part's largest cohort): launched from Python, and on CUDA also
-   captured as a CUDA graph and replayed (the device's time alone, as in training with
-   ``--cuda-graphs``).
+2. Median seconds of one ECD step (each projection among the part's ECD runs: its fused kernels
+   where it takes them, and its PyTorch operators) and one fused AdamW step on the preset's
+   model, alone and with the weights of R models stacked (``ECD(members=R)``, R the part's
+   largest cohort): launched from Python, and on CUDA also captured as a CUDA graph and
+   replayed (the device's time alone, as in training with ``--cuda-graphs``).
 3. The cost of the biases: the steady-state tokens/s of the AdamW run with ``bqv`` over the
    symmetric one, both trained as separate processes in stage 1 at the same time (when the
    parts hold both).
@@ -71,8 +71,9 @@ def aggregate(runs, device: str, *, batched: bool, data_workers: int,
 
 
 def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
-    """Median step seconds of ECD (``cfg``'s settings, ``members`` stacked models or one) and of
-    fused AdamW on the same weights and gradients."""
+    """Median step seconds of ECD (``cfg``'s settings, ``members`` stacked models or one), its
+    fused kernels (where it takes them: CUDA and Triton) against its PyTorch operators, and of
+    fused AdamW, on the same weights and gradients."""
     corpus = DefaultCorpus(seed=0)
     models = []
     for seed in range(members):
@@ -89,17 +90,22 @@ def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
     hp = {k: v for k, v in cfg.optimizer_hp.items() if k != "partition"}
     if cfg.optimizer_hp.get("partition") == "gpt2":
         hp["blocks"] = [[named[n] for n in group] for group in models[0].gpt2_tensors()]
-    ecd = ECD(list(named.values()), members=members if members > 1 else None, **hp)
+    ecd = {fused: ECD(list(named.values()), members=members if members > 1 else None,
+                      fused=fused, **hp) for fused in (None, False)}
     adamw = make_optimizer("adamw", list(named.values()), lr=1e-4)
     out = {"members": members, "projection": cfg.optimizer_hp.get("projection", "global"),
-           "ecd_step_s": median_step_seconds(ecd, loss, device, reps),
+           "ecd_step_s": median_step_seconds(ecd[None], loss, device, reps),
+           "ecd_fused": ecd[None]._kernels is not None,
+           "ecd_operators_step_s": median_step_seconds(ecd[False], loss, device, reps),
            "adamw_step_s": median_step_seconds(adamw, loss, device, reps),
            "adamw_fused": bool(adamw.defaults.get("fused")),
-           "ecd_state_bytes": optimizer_state_bytes(ecd),
+           "ecd_state_bytes": optimizer_state_bytes(ecd[None]),
            "adamw_state_bytes": optimizer_state_bytes(adamw)}
     out["ecd_over_adamw"] = out["ecd_step_s"] / out["adamw_step_s"]
     if device.type == "cuda":
-        out["ecd_replayed_step_s"] = replayed_step_seconds(ecd, loss, device, reps)
+        out["ecd_replayed_step_s"] = replayed_step_seconds(ecd[None], loss, device, reps)
+        out["ecd_operators_replayed_step_s"] = replayed_step_seconds(ecd[False], loss, device,
+                                                                     reps)
         out["adamw_replayed_step_s"] = replayed_step_seconds(adamw, loss, device, reps)
         out["ecd_over_adamw_replayed"] = out["ecd_replayed_step_s"] / out["adamw_replayed_step_s"]
     return out

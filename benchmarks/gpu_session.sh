@@ -24,8 +24,11 @@
 #      PART= TESTS=0 bash benchmarks/gpu_session.sh runs the benchmark alone  grid_h200.json, grid.log
 #   Before 1, while the benchmark is not recorded: the ECD and fused AdamW optimizer steps alone
 #      (bench_grid.py --steps-only, at most 30 s)                      grid_steps.json
+#   Before 1, on CUDA: ECD's fused Triton kernels (which the compiled ways take) against its
+#      PyTorch operators (tests/test_gpu.py -k fused_ecd, at most 90 s); if they fail, the
+#      compiled ways are dropped                                       gpu_tests.txt
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
-#      left, skipped with TESTS=0                                       gpu_tests.txt
+#      left, skipped with TESTS=0                               gpu_tests.txt (appended)
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
 # Results land in $OUT (the device tool copies them back); paper.tar is refreshed every 20 s, so
 # an interrupted call keeps what finished. Afterwards, here:
@@ -101,6 +104,15 @@ if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if 
     --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1
   echo "optimizer steps exit $? ($(left) s left)"
 fi
+if [ "$DEVICE" = cuda ]; then  # ECD's fused kernels, first compiled here: checked before use
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k fused_ecd \
+    > "$OUT/gpu_tests.txt" 2>&1; rc=$?
+  echo "fused ECD check exit $rc ($(left) s left): $(tail -n 1 "$OUT/gpu_tests.txt")"
+  if [ $rc != 0 ]; then  # the compiled ways would take them: train uncompiled instead
+    WAYS=$(printf '%s\n' $WAYS | grep -v -x -e graphs -e cpp -e compiled | xargs)
+    echo "fused ECD kernels failed their check: ways $WAYS"
+  fi
+fi
 END=$(( $(date +%s) + WALL )); tried=
 while [ -n "$PART" ] && [ "$PART" != "$tried" ]; do
   tried=$PART; rc=1
@@ -143,7 +155,7 @@ fi
 if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then
   start=$(date +%s)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -rs -p no:cacheprovider -n 4 tests/test_gpu.py \
-    tests/test_gauge.py tests/test_alignment.py tests/test_moe.py > "$OUT/gpu_tests.txt" 2>&1
+    tests/test_gauge.py tests/test_alignment.py tests/test_moe.py >> "$OUT/gpu_tests.txt" 2>&1
   echo "tests exit $? after $(( $(date +%s) - start )) s: $(tail -n 1 "$OUT/gpu_tests.txt")"
 fi
 jobs -p | xargs -r kill 2>/dev/null  # the utilisation log

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from gaugebook import ecd_kernels
 from gaugebook.checks import check_finite, check_number
 
 __all__ = ["ECD", "MultiOptimizer", "make_optimizer", "OPTIMIZERS", "PROJECTIONS"]
@@ -124,6 +125,13 @@ class ECD(Optimizer):
             scalars computed on the host (off the CPU without chaos, on the device: below).
             ``False``: the reference path, one tensor at a time.
             Both compute the same numbers up to round-off.
+        fused: whether the fast path's device step (below) runs as two fused Triton kernels
+            (:mod:`gaugebook.ecd_kernels`: the three dot products in one pass over v and g, the
+            kick and drift in one more; about 9 N floats moved instead of about 24 N).
+            ``None`` (default): on CUDA when Triton is installed; ``False``: never (the device
+            step of PyTorch operators); ``True``: wherever the device step is taken (an error
+            without Triton). The same numbers up to round-off. It says how a step is computed,
+            not what: it is not saved in :meth:`state_dict`.
 
     ``step(closure)`` needs a closure that zeroes the gradients, computes the loss (a scalar; with
     ``members=R`` a tensor ``[R]``), calls ``backward()`` and returns it. Parameters whose
@@ -147,10 +155,16 @@ class ECD(Optimizer):
     def __init__(self, params, lr: float, eta: float, F0: float, *, nu: float = 0.0,
                  weight_decay: float = 0.0, projection: str = "global", blocks=None,
                  members: int | None = None, chaos_seeds: list[int] | None = None,
-                 foreach: bool | None = None):
+                 foreach: bool | None = None, fused: bool | None = None):
         defaults = dict(lr=lr, eta=eta, F0=F0, nu=nu, weight_decay=weight_decay,
                         projection=projection, foreach=foreach)
         self._validate_group(defaults)
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None, True or False, got {fused!r}")
+        if fused and not ecd_kernels.AVAILABLE:
+            raise ValueError("fused=True needs Triton (pip install triton); fused=None takes the "
+                             "fused step where it can, fused=False never")
+        self.fused = fused
         if members is not None and (type(members) is not int or members < 1):
             raise ValueError(f"members must be None or a positive integer, got {members!r}")
         self.members = members
@@ -188,6 +202,7 @@ class ECD(Optimizer):
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
         self._layout: list = []
         self._units: _Units | None = None  # the device step's constants (off the CPU)
+        self._kernels: ecd_kernels.FusedStep | None = None  # the fused device step, if taken
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
         self._warned = False
 
@@ -378,7 +393,11 @@ class ECD(Optimizer):
         self._order = (None if order == sorted(order) else
                        torch.tensor(sorted(range(len(order)), key=order.__getitem__),
                                     device=device))
+        self._kernels = None
         if _on_device(params[0]):  # here, where a step synchronises anyway
+            if self.fused or (self.fused is None and ecd_kernels.AVAILABLE
+                              and device.type == "cuda"):
+                self._kernels = ecd_kernels.FusedStep(params, self._buckets(), R)
             self._prepare_units(device)
 
     @torch.no_grad()
@@ -403,8 +422,14 @@ class ECD(Optimizer):
                                              dtype=dtype, device=params[0].device)
                           for dtype, idx in self._buckets().items()})
         # per member: F (averaged over DDP ranks), the L2 term and partial dot products
+        on_device = (foreach and all(self._started) and self._shared("nu") == 0
+                     and _on_device(F_loss))
+        if on_device and self._kernels is not None:
+            grads, penalty = self._flat_gradients()
+            self._step_fused(F_loss + penalty, grads)
+            return loss
         grads, penalty, partials = (self._gather_foreach if foreach else self._gather_reference)()
-        if foreach and all(self._started) and self._shared("nu") == 0 and _on_device(F_loss):
+        if on_device:
             self._step_on_device(F_loss + penalty, grads, partials)
             return loss
         self._settle()  # (steps on the device before, if any)
@@ -534,11 +559,9 @@ class ECD(Optimizer):
         gg = torch.stack([_dots(g, g) for g in grads], dim=1)
         return grads, penalty, {"vg": vg, "gg": gg}
 
-    def _gather_foreach(self):
-        """The same with flat gradients ``{dtype: [R, N]}``, and with :math:`v\\cdot v` too (the
-        update normalises with it): partial sums per slice of the layout (a group's parameters of
-        one dtype) for the global projection, per parameter for the per-tensor one (off the CPU two
-        segmented reductions per dtype and product, whatever the number of tensors)."""
+    def _flat_gradients(self):
+        """Flat gradients ``{dtype: [R, N]}`` (copies, in the velocity's layout), with the
+        weight decay added, and the L2 terms ``[R]``."""
         params = self._params()
         grads = self._concatenate(self._raw_gradients(), self._workspace)  # copies: safe to modify
         if params[0].device.type == "cpu":
@@ -551,6 +574,15 @@ class ECD(Optimizer):
                 g = self._split(grads[dtype][:, start:stop], idx)
                 torch._foreach_add_(g, members, alpha=group["weight_decay"])
         penalty = self._penalties([(group, members) for group, *_, members, _, _ in self._layout])
+        return grads, penalty
+
+    def _gather_foreach(self):
+        """The same as :meth:`_gather_reference` with flat gradients (:meth:`_flat_gradients`),
+        and with :math:`v\\cdot v` too (the update normalises with it): partial sums per slice
+        of the layout (a group's parameters of one dtype) for the global projection, per
+        parameter for the per-tensor one (off the CPU two segmented reductions per dtype and
+        product, whatever the number of tensors)."""
+        grads, penalty = self._flat_gradients()
         pairs = {"vg": lambda v, g: (v, g), "gg": lambda v, g: (g, g), "vv": lambda v, g: (v, v)}
         if self._shared("projection") == "global":  # one sum per slice suffices
             slices = [(self._flat[dtype][:, a:b], grads[dtype][:, a:b])
@@ -651,37 +683,59 @@ class ECD(Optimizer):
 
     def _step_on_device(self, F: torch.Tensor, grads, partials) -> None:
         r"""The update of :meth:`_update_foreach` for every member at once, with its coefficients
-        computed on the device, so that nothing is read to the host (a GPU runs ahead of the
-        Python that launches its kernels): ``F [R]`` (loss plus L2 term), the flat gradients,
-        and the partial sums (per parameter, or per slice for the global projection). A member
-        with :math:`F \le F_0` keeps its weights and velocity; its count, and a non-finite loss
-        or gradient, are read later (:meth:`_settle`). Without chaos (``nu = 0``), once every
-        member has made its first step."""
-        if self._units is None or self._units.rates != self._rates():  # (lr or eta changed)
-            self._prepare_units(F.device)
-        eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
-        d = self.dimension
-        kappa = eta / 2 * d / (d - 1)
+        computed on the device (:meth:`_device_coefficients`), so that nothing is read to the
+        host (a GPU runs ahead of the Python that launches its kernels): ``F [R]`` (loss plus L2
+        term), the flat gradients, and the partial sums (per parameter, or per slice for the
+        global projection), as PyTorch operators. Without chaos (``nu = 0``), once every member
+        has made its first step."""
         vg, gg, vv = partials["vg"], partials["gg"], partials["vv"]  # [R, U]
-        moving = F > F0
-        kick = torch.where(moving, kappa / (F - F0), 0.0)  # [R]
-        c = kick[:, None] * self._units.dt  # [R, U]
-        a = 1 + c * (vg @ self._units.same)  # v.g of each unit's tensor (global: of all)
-        speed = (a * a * vv - 2 * a * c * vg + c * c * gg).sum(1).sqrt()  # |v'| [R]
-        scale = torch.where(moving[:, None], a / speed[:, None], 1.0)  # v <- (a v - c g)/|v'|
-        drift = torch.where(moving, speed, 0.0)  # theta += dt |v'| v
-        inv = torch.where(moving, kick / speed, 0.0)
+        moving, scale, coef, drift = self._device_coefficients(F, vg, gg, vv)
         for s, (group, dtype, start, stop, *_, per_member) in enumerate(self._layout):
             v, g = self._flat[dtype][:, start:stop], grads[dtype][:, start:stop]
-            dt = group["lr"] / math.sqrt(eta)
             columns = self._units.columns[s]  # the unit of each column (None: one for all)
             factor = scale[:, self._units.of_slice[s]].to(dtype)
             v.mul_(factor if columns is None else factor.index_select(1, columns))
-            v.addcmul_(g, (inv * dt).to(dtype)[:, None], value=-1)
-            moved = v * drift.to(dtype)[:, None]
+            u = self._units.first[s]  # (a slice's units share their dt, so coef and drift)
+            v.addcmul_(g, coef[:, u:u + 1].to(dtype), value=-1)
+            moved = v * drift[:, u:u + 1].to(dtype)
             for r, (weights, _) in enumerate(per_member):
-                torch._foreach_add_(weights, moved[r].split([w.numel() for w in weights]),
-                                    alpha=dt)
+                torch._foreach_add_(weights, moved[r].split([w.numel() for w in weights]))
+        self._count(F, vg, gg, moving)
+
+    def _step_fused(self, F: torch.Tensor, grads) -> None:
+        """:meth:`_step_on_device` as the two kernels of :mod:`gaugebook.ecd_kernels`: the
+        partial sums per member and parameter in one pass, the kick and drift in another."""
+        vg, gg, vv = self._kernels.sums(self._flat, grads)  # [R, P] each
+        moving, scale, coef, drift = self._device_coefficients(F, vg, gg, vv)
+        self._kernels.update(self._flat, grads, scale, coef, drift)
+        self._count(F, vg, gg, moving)
+
+    def _device_coefficients(self, F: torch.Tensor, vg, gg, vv):
+        r"""From ``F [R]`` and the partial sums ``[R, U]`` per unit (:meth:`_prepare_units`),
+        on the device: which members move (:math:`F > F_0`) and, per member and unit, the
+        coefficients of :math:`v \leftarrow s\,v - c\,g` and :math:`\theta \leftarrow
+        \theta + m\,v` (after the kick): :math:`s = a/|v'|`, :math:`c = k\,\Delta t/|v'|`
+        and :math:`m = \Delta t\,|v'|`, with :math:`k = \kappa/(F - F_0)`, :math:`a = 1 +
+        k\Delta t\,(v\cdot g)_b` (the dot product of the unit's tensor :math:`b`, or the
+        global one) and :math:`|v'|` from the partial sums (as in :meth:`_update_foreach`).
+        A member that does not move gets :math:`s = 1`, :math:`c = m = 0`."""
+        if self._units is None or self._units.rates != self._rates():  # (lr or eta changed)
+            self._prepare_units(F.device)
+        eta, F0, d = float(self._shared("eta")), float(self._shared("F0")), self.dimension
+        kappa, dt = eta / 2 * d / (d - 1), self._units.dt  # dt [U]
+        moving = F > F0
+        kick = torch.where(moving, kappa / (F - F0), 0.0)  # [R]
+        c = kick[:, None] * dt  # [R, U]
+        a = 1 + c * (vg @ self._units.same)  # v.g of each unit's tensor (global: of all)
+        speed = (a * a * vv - 2 * a * c * vg + c * c * gg).sum(1).sqrt()  # |v'| [R]
+        scale = torch.where(moving[:, None], a / speed[:, None], 1.0)
+        coef = torch.where(moving, kick / speed, 0.0)[:, None] * dt
+        drift = torch.where(moving, speed, 0.0)[:, None] * dt
+        return moving, scale, coef, drift
+
+    def _count(self, F: torch.Tensor, vg, gg, moving) -> None:
+        """Add the step's counts (moved, skipped, non-finite loss or gradient) per member to
+        the device's tally, which :meth:`_settle` reads."""
         bad = ~(torch.isfinite(F) & torch.isfinite(vg.sum(1)) & torch.isfinite(gg.sum(1)))
         counts = torch.stack([moving.long(), (~moving).long(), bad.long()])
         if self._pending is None:  # (the first device step precedes a CUDA graph's capture)
@@ -692,34 +746,41 @@ class ECD(Optimizer):
         return float(self._shared("eta")), tuple(group["lr"] for group in self.param_groups)
 
     def _prepare_units(self, device: torch.device) -> None:
-        """The device step's constants, for the present learning rates and eta: per unit (a
-        parameter, or for the global projection a slice) its dt, the 0/1 matrix of units whose
-        partial sums form its dot product (one tensor of the partition; global: all), and per
-        slice its units and, per-tensor, the unit (within the slice) of each column."""
+        """The device step's constants, for the present learning rates and eta. Its units are
+        the parameters (per-tensor projection, or the fused step), else the slices of the
+        layout. Per unit: its dt, and the 0/1 matrix of units whose partial sums form its dot
+        product (one tensor of the partition; global: all). For the unfused step, per slice:
+        its units, its first, and (per-tensor) the unit within the slice of each column."""
         sqrt_eta, params = math.sqrt(float(self._shared("eta"))), self._params()
         per_tensor = self._shared("projection") == "per_tensor"
-        dt, of_slice, columns = [], [], []
+        by_parameter = per_tensor or self._kernels is not None
+        dt, of_slice, first, columns = [], [], [], []
         for s, (group, _, start, stop, idx, *_) in enumerate(self._layout):
-            if per_tensor:
+            if by_parameter:
                 of_slice.append(torch.tensor(idx, device=device))
+                first.append(idx[0])
                 dt += [group["lr"] / sqrt_eta] * len(idx)
+            else:
+                of_slice.append(torch.tensor([s], device=device))
+                first.append(s)
+                dt.append(group["lr"] / sqrt_eta)
+            if per_tensor and self._kernels is None:
                 sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
                 units = torch.arange(len(idx), dtype=torch.int32, device=device)  # 4 bytes
                 columns.append(torch.repeat_interleave(units, sizes,  # per column, read a step
                                                        output_size=stop - start))
             else:
-                of_slice.append(torch.tensor([s], device=device))
-                dt.append(group["lr"] / sqrt_eta)
                 columns.append(None)
-        if per_tensor:  # units are parameters, in parameter order
+        if by_parameter:  # units are parameters, in parameter order
             order = [j for _, _, _, _, idx, *_ in self._layout for j in idx]
             dt = [dt[order.index(j)] for j in range(len(params))]
+        if per_tensor:
             block = torch.tensor(self._block, device=device)
             same = (block[:, None] == block[None, :]).double()
         else:
             same = torch.ones(len(dt), len(dt), dtype=torch.float64, device=device)
         self._units = _Units(torch.tensor(dt, dtype=torch.float64, device=device), same,
-                             of_slice, columns, self._rates())
+                             of_slice, first, columns, self._rates())
 
     def state_dict(self) -> dict:
         """torch's optimizer state plus ``"ecd"``: step counters, which members have started and
@@ -777,6 +838,7 @@ class _Units(NamedTuple):
     dt: torch.Tensor  # [U] float64
     same: torch.Tensor  # [U, U] float64, 1 where two units share a dot product
     of_slice: list[torch.Tensor]  # per slice: its units
+    first: list[int]  # per slice: its first unit
     columns: list[torch.Tensor | None]  # per slice: each column's unit within the slice
     rates: tuple  # (eta, the groups' learning rates) they were computed for
 

@@ -27,8 +27,8 @@ POSITIVE_INTS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "ste
                  "eval_batches", "probe_instances", "checkpoint_every")
 TAG_CHARACTERS = set(string.ascii_letters + string.digits + "._=-")
 MAX_TAG_LENGTH = 40
-#: How a run is executed, not what it computes (torch.compile changes the numbers at round-off
-#: only): a result or checkpoint written with other values of these is the same run's, so a run
+#: How a run is executed, not what it computes (torch.compile and ECD's fused kernels change the
+#: numbers at round-off only): a result or checkpoint written with other values of these is the same run's, so a run
 #: may be resumed compiled or not, with another time budget or checkpoint cadence (a result cut
 #: by its time budget, though, is taken up only with the same budget).
 EXECUTION_FIELDS = ("compile", "max_wall_s", "checkpoint_every")
@@ -55,7 +55,9 @@ class RunConfig:
     ``None``) stops a call of the trainer after that long, counted from the first step of the
     call (after setup and any resume): a run resumed from a checkpoint gets the whole budget
     again (its recorded ``wall_s`` still adds up every call); the run is then evaluated at its
-    last step and recorded ``truncated``."""
+    last step and recorded ``truncated``. ``compile`` compiles the model with ``torch.compile``
+    and lets ECD take its fused Triton kernels on CUDA (:mod:`gaugebook.ecd_kernels`); without
+    it ECD's device step is PyTorch's operators."""
 
     optimizer: str
     symmetry: str = "symmetric"

@@ -361,6 +361,8 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
     extra = {}
     if cfg.optimizer == "ecd":
         extra["chaos_seeds"] = [m.chaos_seed for m in members]
+        if not cfg.compile:  # (compiled: ECD's fused kernels where it can take them)
+            extra["fused"] = False
         if batched:
             extra["members"] = len(members)
     optimizer = _build_optimizer(cfg, members[0].model, params, **extra)

@@ -7,13 +7,21 @@ take it, with the round-off allowed by :func:`tolerance`. Tests of quantities th
 defines in float64 only (Jacobian ranks, orbit dimensions, Noether charges, commutants: they cast
 to float64 themselves) and tests of training, data and results do not: for those a float32 twin
 would test the cast, not the mathematics.
+
+Without CUDA, Triton (where installed) runs in its interpreter: ECD's fused kernels
+(:mod:`gaugebook.ecd_kernels`) are then tested on the CPU. The switch must precede Triton's
+import, so it is made here, before any test module imports the library.
 """
 import importlib
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -342,7 +342,9 @@ def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, b
                          "seed0-adamw", "--steps-only", "--out", str(out)])
     assert [(s["projection"], s["members"]) for s in result["step"]] == [
         ("per_tensor", 1), ("per_tensor", 3), ("global", 1), ("global", 3)]
-    assert all(s["ecd_step_s"] > 0 and s["adamw_fused"] for s in result["step"])
+    assert all(s["ecd_step_s"] > 0 and s["ecd_operators_step_s"] > 0 and s["adamw_fused"]
+               for s in result["step"])
+    assert not any(s["ecd_fused"] for s in result["step"])  # (fused kernels: on CUDA)
     assert not any("ecd_replayed_step_s" in s for s in result["step"])  # CUDA graphs: CUDA only
     assert "--steps-only" in result["command"] and "batched" not in result
 

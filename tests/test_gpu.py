@@ -89,25 +89,34 @@ def test_captured_step_warms_up_then_replays_on_new_inputs():
         captured(torch.ones(3, device="cuda"), torch.ones(1, device="cuda"))
 
 
-@pytest.mark.parametrize("projection", ["global", "per_tensor"])
-def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
-    """The weight (40,000 scalars per member) spans two pieces of the per-tensor reduction."""
+def _stacked_problem(projection: str, **hp):
+    """Three stacked members of a linear model whose weight (40,000 scalars per member) spans
+    several pieces of the per-tensor reduction and of the fused kernels; ECD over it (for
+    per-tensor, weight and bias one tensor of the partition) and its closure."""
     torch.manual_seed(0)
-    weights = [torch.randn(3, 500, 80, device="cuda"), torch.randn(3, 80, device="cuda")]
+    params = [torch.nn.Parameter(torch.randn(3, 500, 80, device="cuda")),
+              torch.nn.Parameter(torch.randn(3, 80, device="cuda"))]
     targets = torch.randn(3, 64, 80, device="cuda")
     inputs = torch.randn(3, 64, 500, device="cuda")
+    blocks = [params] if projection == "per_tensor" else None
+    opt = ECD(params, lr=0.1, eta=4.0, F0=-1.0, members=3, projection=projection,
+              blocks=blocks, chaos_seeds=[1, 2, 3], **hp)
+
+    def closure():
+        opt.zero_grad()
+        out = torch.bmm(inputs, params[0]) + params[1][:, None]
+        loss = ((out - targets) ** 2).mean(dim=(1, 2))
+        loss.sum().backward()
+        return loss
+    return params, opt, closure
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
+    """With chaos, every step on the host path (the reference and the fast path)."""
     finals = []
     for foreach in (False, True):
-        params = [torch.nn.Parameter(w.clone()) for w in weights]
-        opt = ECD(params, lr=0.1, eta=4.0, F0=-1.0, nu=0.1, members=3, projection=projection,
-                  chaos_seeds=[1, 2, 3], foreach=foreach)
-
-        def closure():
-            opt.zero_grad()
-            out = torch.bmm(inputs, params[0]) + params[1][:, None]
-            loss = ((out - targets) ** 2).mean(dim=(1, 2))
-            loss.sum().backward()
-            return loss
+        params, opt, closure = _stacked_problem(projection, nu=0.1, foreach=foreach)
         for _ in range(10):
             opt.step(closure)
         finals.append([p.detach() for p in params])
@@ -116,11 +125,32 @@ def test_ecd_members_fast_path_equals_reference_on_cuda(projection):
 
 
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
-@pytest.mark.parametrize("nu, expected", [(0.1, 3), (0.0, 0)])
-def test_an_ecd_step_synchronises_once_or_never(projection, nu, expected):
+def test_fused_ecd_steps_equal_the_operators_on_cuda(projection):
+    """ECD's fused kernels (Triton, compiled for this GPU) against its PyTorch operators: 20
+    steps of 3 members, launched from Python, and with the step captured as a CUDA graph."""
+    finals = []
+    for fused, captured in ((False, False), (True, False), (True, True)):
+        params, opt, closure = _stacked_problem(projection, fused=fused)
+        step = lambda: opt.step(closure)  # noqa: E731
+        if captured:
+            step = CapturedStep(step, "cuda", label="fused ECD")
+        for _ in range(20):
+            step()
+        assert (opt._kernels is not None) == fused
+        assert opt.steps == [20, 20, 20]
+        finals.append([p.detach().clone() for p in params])
+    for other in finals[1:]:
+        for a, b in zip(finals[0], other):
+            assert (a - b).abs().max() < 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("projection", ["global", "per_tensor"])
+@pytest.mark.parametrize("nu, fused, expected", [(0.1, None, 3), (0.0, False, 0),
+                                                 (0.0, True, 0)])
+def test_an_ecd_step_synchronises_once_or_never(projection, nu, fused, expected):
     """A step of the fast path (3 members) with chaos reads its scalars to the host once and
     sends nothing back: the one synchronisation torch's sync debug mode reports. Without chaos
-    the step stays on the device: none."""
+    the step stays on the device, with its PyTorch operators or its fused kernels: none."""
     import warnings
 
     torch.manual_seed(0)
@@ -128,7 +158,7 @@ def test_an_ecd_step_synchronises_once_or_never(projection, nu, expected):
               torch.nn.Parameter(torch.randn(3, 40, device="cuda"))]
     blocks = [params] if projection == "per_tensor" else None
     opt = ECD(params, lr=0.1, eta=4.0, F0=-1.0, nu=nu, members=3, projection=projection,
-              blocks=blocks, chaos_seeds=[1, 2, 3])
+              blocks=blocks, chaos_seeds=[1, 2, 3], fused=fused)
 
     def closure():
         opt.zero_grad()

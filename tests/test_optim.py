@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from gaugebook import ecd_kernels
 from gaugebook.optim import ECD, MultiOptimizer, make_optimizer
 
 DT = torch.float64
@@ -334,6 +335,7 @@ def test_ddp_averages_the_loss():
     (dict(nu=-0.1), "nu"), (dict(weight_decay=-1e-3), "weight_decay"),
     (dict(F0=float("nan")), "F0"), (dict(F0=float("inf")), "F0"), (dict(F0="low"), "F0"),
     (dict(projection="per_layer"), "projection"), (dict(lr="fast"), "lr"),
+    (dict(fused="yes"), "fused must be None, True or False"),
 ])
 def test_bad_hyperparameters(kwargs, match):
     hp = dict(lr=0.1, eta=1.0, F0=0.0) | kwargs
@@ -655,23 +657,40 @@ def test_per_tensor_dot_products_as_on_a_device_give_the_same_trajectories(monke
     test_members_follow_their_own_trajectories("per_tensor", True)
 
 
-def _force_steps_on_device(monkeypatch) -> list:
-    """Make ECD take its device steps on the CPU; the list records each one taken."""
+def _force_steps_on_device(monkeypatch, fused: bool = False) -> list:
+    """Make ECD take its device steps on the CPU (``fused``: ECD's fused kernels, in Triton's
+    interpreter, else its PyTorch operators); the list records each one taken. The fused
+    kernels get pieces of 8 columns, in iterations of 4: the tests' small tensors are then
+    cut into several pieces, each walked in two iterations."""
     from gaugebook import optim
 
-    taken, device_step = [], optim.ECD._step_on_device
+    step = "_step_fused" if fused else "_step_on_device"
+    taken, device_step = [], getattr(optim.ECD, step)
     monkeypatch.setattr(optim, "_on_device", lambda t: True)
-    monkeypatch.setattr(optim.ECD, "_step_on_device",
+    monkeypatch.setattr(optim.ECD, step,
                         lambda self, *args: taken.append(1) or device_step(self, *args))
+    if fused:
+        monkeypatch.setattr(ecd_kernels, "PIECE", 8)
+        monkeypatch.setattr(ecd_kernels, "_BLOCK", 4)
+        init = optim.ECD.__init__
+        monkeypatch.setattr(optim.ECD, "__init__",
+                            lambda self, *args, **hp: init(self, *args, **{"fused": True, **hp}))
     return taken
 
 
-def test_steps_on_a_device_follow_the_same_trajectories(monkeypatch):
+# the device step both ways: PyTorch operators, and the fused kernels (where Triton is installed)
+DEVICE_STEPS = [pytest.param(False, id="operators"),
+                pytest.param(True, id="fused", marks=pytest.mark.skipif(
+                    not ecd_kernels.AVAILABLE, reason="Triton is not installed"))]
+
+
+@pytest.mark.parametrize("fused", DEVICE_STEPS)
+def test_steps_on_a_device_follow_the_same_trajectories(fused, monkeypatch):
     """Off the CPU a step without chaos, once every member has started, computes its
     coefficients on the device and reads nothing to the host. Forced on the CPU: one model
     follows the equations in both projections, with weight decay and with a partition, and
     stacked members follow their runs alone (float64, the tolerances of the host path)."""
-    taken = _force_steps_on_device(monkeypatch)
+    taken = _force_steps_on_device(monkeypatch, fused)
     for projection in ("global", "per_tensor"):
         for weight_decay in (0.0, 0.3):
             test_trajectory_follows_the_equations(projection, weight_decay, True)
@@ -681,15 +700,16 @@ def test_steps_on_a_device_follow_the_same_trajectories(monkeypatch):
     assert len(taken) > 100
 
 
+@pytest.mark.parametrize("fused", DEVICE_STEPS)
 @pytest.mark.parametrize("projection", ["global", "per_tensor"])
-def test_steps_on_a_device_follow_a_change_of_learning_rate(projection, monkeypatch):
+def test_steps_on_a_device_follow_a_change_of_learning_rate(projection, fused, monkeypatch):
     """Groups with their own lr and a change of lr mid-run (as a scheduler makes it): the device
     path follows the host path (float64, 1e-12)."""
     x, y = data()
     trajectories = []
     for forced in (False, True):
         if forced:
-            _force_steps_on_device(monkeypatch)
+            _force_steps_on_device(monkeypatch, fused)
         model = mlp()
         opt = ECD([{"params": model[0].parameters()}, {"params": model[2].parameters(),
                                                         "lr": 0.1}],
@@ -704,7 +724,8 @@ def test_steps_on_a_device_follow_a_change_of_learning_rate(projection, monkeypa
     assert (trajectories[0] - trajectories[1]).abs().max() < 1e-12
 
 
-def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
+@pytest.mark.parametrize("fused", DEVICE_STEPS)
+def test_steps_on_a_device_skip_and_count_like_the_host(fused, monkeypatch):
     """A started member whose F falls below F0 keeps its weights and velocity on the device
     path too; the counts, and the warning, come when they are read."""
     def trained(on_device: bool):
@@ -729,7 +750,7 @@ def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
     with pytest.warns(RuntimeWarning, match="Lower F0"):  # at the step
         host_params, host = trained(False)
     assert host.skipped_steps == [0, 4]
-    taken = _force_steps_on_device(monkeypatch)
+    taken = _force_steps_on_device(monkeypatch, fused)
     params, opt = trained(True)
     assert len(taken) == 5 and opt._pending is not None  # counted later
     with pytest.warns(RuntimeWarning, match="Lower F0"):
@@ -739,6 +760,21 @@ def test_steps_on_a_device_skip_and_count_like_the_host(monkeypatch):
     for p, q in zip(params.values(), host_params.values()):
         velocity, expected = opt.state[p]["velocity"], host.state[q]["velocity"]
         assert (velocity - expected).abs().max() < 1e-12
+
+
+def test_the_fused_step_names_what_it_needs(monkeypatch):
+    """Without Triton, ``fused=True`` says to install it; on a CPU outside Triton's interpreter
+    the kernels cannot run, and the error says how to run them or to leave them out."""
+    monkeypatch.setattr(ecd_kernels, "AVAILABLE", False)
+    with pytest.raises(ValueError, match="pip install triton"):
+        ECD(mlp().parameters(), lr=0.1, eta=1.0, F0=0.0, fused=True)
+    monkeypatch.undo()
+    if not ecd_kernels.AVAILABLE:
+        pytest.skip("Triton is not installed")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    params = [p.detach() for p in mlp().parameters()]
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        ecd_kernels.FusedStep(params, {DT: list(range(len(params)))}, 1)
 
 
 def test_a_chaotic_step_off_the_cpu_reads_to_the_host_once(monkeypatch):
@@ -757,8 +793,9 @@ def test_a_chaotic_step_off_the_cpu_reads_to_the_host_once(monkeypatch):
     assert len(reads) == 3, reads
 
 
-def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(monkeypatch):
-    _force_steps_on_device(monkeypatch)
+@pytest.mark.parametrize("fused", DEVICE_STEPS)
+def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(fused, monkeypatch):
+    _force_steps_on_device(monkeypatch, fused)
     x, y = data()
     model = mlp()
     opt = ECD(model.parameters(), lr=0.1, eta=1.0, F0=-1.0)
