@@ -8,12 +8,12 @@ An ECD step needs, per member :math:`r` and parameter :math:`j`, the partial sum
     v \leftarrow s_{rj}\, v - c_{rj}\, g, \qquad \theta \leftarrow \theta + m_{rj}\, v,
 
 with the per-unit coefficients :math:`s = a/|v'|`, :math:`c = \kappa\Delta t/((F - F_0)|v'|)`
-and :math:`m = \Delta t\,|v'|` that :meth:`~gaugebook.optim.ECD._device_coefficients` computes
-from the sums. In plain PyTorch that is about 24 N floats moved for N scalars (each product
-materialised, then summed; the kick, the drift's product and its add each a pass). Here the
-three sums are one pass that reads v and g once (2 N), and the kick and drift one more that
-reads v, g and theta and writes v and theta (5 N): 7 N, as for fused AdamW, plus the copy of the
-gradients into one flat buffer (2 N) that the velocity's layout needs.
+and :math:`m = \Delta t\,|v'|` that ECD computes from the sums (a few operations on
+``[R, P]`` tensors, on the device). In PyTorch's operators that is about 24 N floats moved for
+N scalars (each product materialised, then summed; the kick, the drift's product and its add
+each a pass). Here the three sums are one pass that reads v and g once (2 N), and the kick and
+drift one more that reads v, g and theta and writes v and theta (5 N): 7 N, as for fused AdamW,
+plus the copy of the gradients into one flat buffer (2 N) that the velocity's layout needs.
 
 Both kernels walk the same *pieces*: each parameter's row of each member, in the flat buffers
 ``[R, N]`` of one dtype, cut into runs of at most :data:`PIECE` columns (one program each, so
@@ -38,8 +38,10 @@ except ImportError:
 
 __all__ = ["AVAILABLE", "PIECE", "FusedStep"]
 
+#: Whether Triton is installed (else ECD takes its unfused device step).
 AVAILABLE = triton is not None
-PIECE = 8192  # columns per program
+#: The most columns one program of the kernels walks.
+PIECE = 8192
 _BLOCK = 1024  # columns per iteration of a program
 
 

@@ -28,9 +28,9 @@ POSITIVE_INTS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "ste
 TAG_CHARACTERS = set(string.ascii_letters + string.digits + "._=-")
 MAX_TAG_LENGTH = 40
 #: How a run is executed, not what it computes (torch.compile and ECD's fused kernels change the
-#: numbers at round-off only): a result or checkpoint written with other values of these is the same run's, so a run
-#: may be resumed compiled or not, with another time budget or checkpoint cadence (a result cut
-#: by its time budget, though, is taken up only with the same budget).
+#: numbers at round-off only): a result or checkpoint written with other values of these is the
+#: same run's, so a run may be resumed compiled or not, with another time budget or checkpoint
+#: cadence (a result cut by its time budget, though, is taken up only with the same budget).
 EXECUTION_FIELDS = ("compile", "max_wall_s", "checkpoint_every")
 # The settings of the model that RunConfig passes on to GPTConfig, which validates them.
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "n_kv_head", "bias", "rope",
