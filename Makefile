@@ -49,7 +49,7 @@ help:
 	@echo "            sdist and wheel (python -m build, twine check), Colab simulation (test-colab)"
 	@echo "            and Binder's install steps in a fresh venv (test-binder)"
 	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
-	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev]\")"
+	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev,kernels]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
 	@echo "make clean  remove _build, $(VENDOR), dist and build; make distclean also removes $(VENV), node_modules"
 
@@ -59,10 +59,10 @@ venv: $(VENV_STAMP)
 
 $(VENV_STAMP): pyproject.toml $(CONSTRAINTS)
 	@start=$$(date +%s); \
-	echo "Setting up $(VENV): $(TORCH) first, then -e \".[book,dev]\" pinned by $(CONSTRAINTS)"; \
+	echo "Setting up $(VENV): $(TORCH) first, then -e \".[book,dev,kernels]\" pinned by $(CONSTRAINTS)"; \
 	if [ ! -x $(BIN)/python ]; then $(PYTHON) -m venv $(VENV); fi; \
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) $(TORCH_PIP_ARGS) "$(TORCH)"; \
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[book,dev]"; \
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[book,dev,kernels]"; \
 	$(BIN)/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_VERSION)', torch.__version__"; \
 	touch $@; \
 	echo "[time] set up $(VENV): $$(( $$(date +%s) - start )) s"

@@ -50,7 +50,8 @@ if AVAILABLE:  # (comments, not docstrings, in the kernels: Triton compiles thei
     def _sums_kernel(v_ptr, g_ptr, start_ptr, length_ptr, out_ptr, PIECE: tl.constexpr,
                      BLOCK: tl.constexpr):
         i = tl.program_id(0)
-        start, n = tl.load(start_ptr + i), tl.load(length_ptr + i)
+        start = tl.load(start_ptr + i)
+        n = tl.load(length_ptr + i)
         vg = tl.zeros([BLOCK], dtype=tl.float64)
         gg = tl.zeros([BLOCK], dtype=tl.float64)
         vv = tl.zeros([BLOCK], dtype=tl.float64)
@@ -72,21 +73,24 @@ if AVAILABLE:  # (comments, not docstrings, in the kernels: Triton compiles thei
                        offset_ptr, scale_ptr, coef_ptr, drift_ptr, PIECE: tl.constexpr,
                        BLOCK: tl.constexpr):
         i = tl.program_id(0)
-        start, n = tl.load(start_ptr + i), tl.load(length_ptr + i)
+        start = tl.load(start_ptr + i)
+        n = tl.load(length_ptr + i)
         u = tl.load(unit_ptr + i)
-        s, c, m = tl.load(scale_ptr + u), tl.load(coef_ptr + u), tl.load(drift_ptr + u)
-        kind = v_ptr.dtype.element_ty
-        theta_ptr = tl.load(table_ptr + tl.load(param_ptr + i)).to(tl.pointer_type(kind))
-        theta_ptr += tl.load(offset_ptr + i)
+        s = tl.load(scale_ptr + u)
+        c = tl.load(coef_ptr + u)
+        m = tl.load(drift_ptr + u)
+        address = tl.load(table_ptr + tl.load(param_ptr + i))
+        theta_ptr = address.to(tl.pointer_type(v_ptr.dtype.element_ty)) + tl.load(offset_ptr + i)
         for k in range(0, PIECE, BLOCK):  # (static: masked past n)
             cols = k + tl.arange(0, BLOCK)
             inside = cols < n
             v = tl.load(v_ptr + start + cols, mask=inside, other=0.0).to(tl.float64)
             g = tl.load(g_ptr + start + cols, mask=inside, other=0.0).to(tl.float64)
             kicked = s * v - c * g
-            tl.store(v_ptr + start + cols, kicked.to(kind), mask=inside)
+            tl.store(v_ptr + start + cols, kicked.to(v_ptr.dtype.element_ty), mask=inside)
             theta = tl.load(theta_ptr + cols, mask=inside, other=0.0).to(tl.float64)
-            tl.store(theta_ptr + cols, (theta + m * kicked).to(kind), mask=inside)
+            tl.store(theta_ptr + cols, (theta + m * kicked).to(v_ptr.dtype.element_ty),
+                     mask=inside)
 
 
 class _Pieces:
