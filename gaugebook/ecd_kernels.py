@@ -100,7 +100,7 @@ class _Pieces:
     the parameter, ``r n_j + column``); ``counts`` pieces per unit, in the pieces' order, whose
     units are ``units``."""
 
-    def __init__(self, idx: list[int], sizes: list[int], R: int, P: int, device):
+    def __init__(self, idx: list[int], sizes: list[int], R: int, P: int, piece: int, device):
         columns = sum(sizes[j] for j in idx)
         table = {key: [] for key in ("start", "length", "unit", "param", "offset")}
         counts, units = [], []
@@ -108,10 +108,10 @@ class _Pieces:
             column = 0
             for j in idx:
                 n = sizes[j]
-                cuts = range(0, max(n, 1), PIECE)  # an empty parameter: one empty piece
+                cuts = range(0, max(n, 1), piece)  # an empty parameter: one empty piece
                 for first in cuts:
                     table["start"].append(r * columns + column + first)
-                    table["length"].append(min(PIECE, n - first))
+                    table["length"].append(min(piece, n - first))
                     table["unit"].append(r * P + j)
                     table["param"].append(j)
                     table["offset"].append(r * n + first)
@@ -139,14 +139,15 @@ class FusedStep:
             raise ValueError("ECD's fused step writes the parameters in place through their "
                              "addresses: they must be contiguous")
         device = params[0].device
-        self.params, self.R, self.device = params, R, device
-        sizes = [p.numel() // R for p in params]
-        self.pieces = {dtype: _Pieces(idx, sizes, R, len(params), device)
-                       for dtype, idx in buckets.items()}
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("on a CPU, ECD's fused kernels run only in Triton's interpreter: "
                                "set TRITON_INTERPRET=1 before importing triton, or take the "
                                "unfused step: ECD(..., fused=False)")
+        self.params, self.R, self.device = params, R, device
+        self.piece, self.block = PIECE, _BLOCK  # (the tables are cut for these)
+        sizes = [p.numel() // R for p in params]
+        self.pieces = {dtype: _Pieces(idx, sizes, R, len(params), self.piece, device)
+                       for dtype, idx in buckets.items()}
         self._sums, self._update = triton.jit(_sums_kernel), triton.jit(_update_kernel)
         self._addresses: list[int] = []
         self._table = self._parameter_table()  # (here: a copy to the device waits for it)
@@ -167,7 +168,8 @@ class FusedStep:
         for dtype, pieces in self.pieces.items():
             partial = torch.empty(pieces.n, 3, dtype=torch.float64, device=self.device)
             self._sums[(pieces.n,)](velocity[dtype], grads[dtype], pieces.start,
-                                    pieces.length, partial, PIECE=PIECE, BLOCK=_BLOCK)
+                                    pieces.length, partial, PIECE=self.piece,
+                                    BLOCK=self.block)
             per_unit = torch.segment_reduce(partial, "sum", lengths=pieces.counts, axis=0,
                                             unsafe=True)  # (unchecked: no read to the host)
             out.index_copy_(0, pieces.units, per_unit)
@@ -182,5 +184,5 @@ class FusedStep:
         for dtype, pieces in self.pieces.items():
             self._update[(pieces.n,)](velocity[dtype], grads[dtype], table, pieces.start,
                                       pieces.length, pieces.unit, pieces.param, pieces.offset,
-                                      scale, coef, drift, PIECE=PIECE,
-                                      BLOCK=_BLOCK)
+                                      scale, coef, drift, PIECE=self.piece,
+                                      BLOCK=self.block)

@@ -337,13 +337,15 @@ def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str,
     (:func:`partner_pairs`), rank-correlated (:func:`rank_correlation`) with the broken run's
     two alignment scores and with its change of the validation statistic (broken minus partner,
     :func:`final_statistic`). ``within_arms`` (default): permutations and bootstrap within each
-    optimizer arm, so that differences between optimizers cannot make a correlation."""
+    optimizer arm, so that differences between optimizers cannot make a correlation. Keyed by
+    the predictors' names as a sentence says them ("in-context alignment", "static-key
+    alignment", "change of validation loss")."""
     pairs = partner_pairs(runs)
     gain = [b["probes"]["mean"]["top1"] - p["probes"]["mean"]["top1"] for b, p in pairs]
     strata = [b.arm for b, _ in pairs] if within_arms else None
     predictors = {
-        "alignment, in context": [b["alignment"]["in_context"] for b, _ in pairs],
-        "alignment, static": [b["alignment"]["static"] for b, _ in pairs],
+        "in-context alignment": [b["alignment"]["in_context"] for b, _ in pairs],
+        "static-key alignment": [b["alignment"]["static"] for b, _ in pairs],
         "change of validation loss": [final_statistic(b) - final_statistic(p)
                                       for b, p in pairs],
     }

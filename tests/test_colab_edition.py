@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_notebook_hygiene import MACHINE_PATH  # (one pattern for the page and the edition)
 
 ROOT = Path(__file__).resolve().parent.parent
 COLAB = ROOT / "book" / "colab"
@@ -32,7 +33,6 @@ _spec.loader.exec_module(edition)
 
 CHAPTERS = edition.chapters()
 REGENERATE = "rebuild the book and regenerate the edition: make book colab"
-MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users|mnt|scratch)/")
 
 
 def colab_notebook(docname: str):

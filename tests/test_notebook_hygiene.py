@@ -20,6 +20,7 @@ These read the notebooks' JSON only (no kernel), so they are cheap. Run this fil
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -157,10 +158,16 @@ def test_notebooks_are_valid_nbformat():
 
 
 def test_toggle_titles():
+    spec = importlib.util.spec_from_file_location("colab_edition",
+                                                  BOOK.parent / ".ci" / "colab_edition.py")
+    edition = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edition)  # its SHOW_CODE: the form it turns into a Colab title
+
     def wrong(path):
         return [title for c in code_cells(path)
                 if (title := c["metadata"].get("mystnb", {}).get("code_prompt_show"))
-                and not (title.startswith("Show code: ") and "hide-input" in c["metadata"]["tags"])]
+                and not (title.startswith(edition.SHOW_CODE)
+                         and "hide-input" in c["metadata"]["tags"])]
 
     assert offenders(wrong) == []
 

@@ -327,9 +327,9 @@ def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
             records += [sym, broken]
     runs = load_runs(write(tmp_path / "gains", *records))
     within, pooled = puzzle_gain_tests(runs), puzzle_gain_tests(runs, within_arms=False)
-    assert list(within) == ["alignment, in context", "alignment, static",
+    assert list(within) == ["in-context alignment", "static-key alignment",
                             "change of validation loss"]
-    assert within["alignment, in context"].rho == pytest.approx(1.0)
-    assert pooled["alignment, in context"].rho < 0  # higher scores, lower gains across arms
+    assert within["in-context alignment"].rho == pytest.approx(1.0)
+    assert pooled["in-context alignment"].rho < 0  # higher scores, lower gains across arms
     assert within["change of validation loss"].rho == pytest.approx(-1.0)  # larger drop, gain
-    assert abs(within["alignment, static"].rho) < 1
+    assert abs(within["static-key alignment"].rho) < 1
