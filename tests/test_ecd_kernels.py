@@ -29,7 +29,7 @@ def buffers(dtype, R=2, sizes=(15, 20000, 0, 7)):
     return params, v, g, step, list(sizes)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 def test_the_sums_are_the_dot_products_per_member_and_parameter(dtype):
     params, v, g, step, sizes = buffers(dtype)
     vg, gg, vv = step.sums({dtype: v}, {dtype: g})
@@ -42,7 +42,7 @@ def test_the_sums_are_the_dot_products_per_member_and_parameter(dtype):
         assert (got - expected).abs().max() <= 1e-12 * expected.abs().max()
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_the_update_kicks_the_velocity_and_moves_the_parameters(dtype):
     params, v, g, step, sizes = buffers(dtype)
     scale, coef, drift = (torch.rand(2, len(sizes), dtype=torch.float64, device=DEVICE)
