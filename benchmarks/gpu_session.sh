@@ -25,8 +25,8 @@
 #   Before 1, while the benchmark is not recorded: the ECD and fused AdamW optimizer steps alone
 #      (bench_grid.py --steps-only, at most 30 s)                      grid_steps.json
 #   Before 1, on CUDA: ECD's fused Triton kernels (which the compiled ways take) against its
-#      PyTorch operators (tests/test_gpu.py -k fused_ecd, at most 90 s); if they fail, the
-#      compiled ways are dropped                                       gpu_tests.txt
+#      PyTorch operators (tests/test_ecd_kernels.py and tests/test_gpu.py -k fused_ecd, at
+#      most 90 s); if they fail, the compiled ways are dropped          gpu_tests.txt
 #   3. the GPU-only tests (tests/test_gpu.py and the CUDA tests of the library), in the time
 #      left, skipped with TESTS=0                               gpu_tests.txt (appended)
 # Throughout, the device's utilisation every 5 s                       gpu_utilisation.csv
