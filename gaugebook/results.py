@@ -27,7 +27,7 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "puzzle_gain_tests",
            "decide", "decisions", "t_interval", "paired_gaps", "Correlation", "rank_correlation",
-           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -487,6 +487,25 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     low, high = np.nanpercentile(statistic(resampled, resampled), [2.5, 97.5])
     return Correlation(observed, float(p), (float(low), float(high)), len(x),
                        strata=len(groups))
+
+
+def rank_correlation_power(strata, rho: float, *, level: float = 0.05, draws: int = 400,
+                           resamples: int = 999, seed: int = 0) -> float:
+    """The power of :func:`rank_correlation`'s test: the share of ``draws`` simulated experiments
+    whose p-value is below ``level`` when the true rank correlation is ``rho``. ``strata`` [n]
+    gives each pair's group, as for :func:`rank_correlation` (``[0] * n`` for n pairs without
+    groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
+    value whose Spearman correlation is ``rho``."""
+    if not -1 <= rho <= 1:
+        raise ValueError(f"rho must lie in [-1, 1], got {rho}")
+    strata = list(strata)
+    r = 2 * math.sin(math.pi * rho / 6)
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for k in range(draws):
+        x, y = rng.multivariate_normal([0, 0], [[1, r], [r, 1]], len(strata)).T
+        hits += rank_correlation(x, y, strata=strata, resamples=resamples, seed=k).p < level
+    return hits / draws
 
 
 def provenance_summary(runs: list[Run]) -> dict[str, list]:

@@ -289,6 +289,22 @@ def test_a_correlation_between_groups_is_not_one_within_them():
     assert rank_correlation(x, y_related, strata=arm, resamples=2000).rho > 0.99
 
 
+def test_rank_correlation_power_is_the_level_under_the_null_and_grows_with_rho():
+    from gaugebook.results import rank_correlation_power
+
+    pairs = [0] * 30
+    null = rank_correlation_power(pairs, 0.0, draws=300, resamples=499)
+    assert 0.01 < null < 0.10  # the test's level, 0.05, within sampling error (sd 0.013)
+    weak, strong = (rank_correlation_power(pairs, rho, draws=200, resamples=499)
+                    for rho in (0.3, 0.9))
+    assert weak < 0.7 < 0.95 < strong
+    few = rank_correlation_power(["a"] * 3 + ["b"] * 3 + ["c"] * 6, 0.9, draws=200,
+                                 resamples=499)
+    assert few < strong  # 12 pairs in three groups carry less evidence than 30 pairs
+    with pytest.raises(ValueError, match="rho"):
+        rank_correlation_power(pairs, 1.5)
+
+
 def test_partner_pairs_give_each_broken_run_its_symmetric_partner(tmp_path):
     """Gains are taken against the symmetric run of the same arm and seed."""
     from gaugebook.results import partner_pairs
