@@ -302,7 +302,12 @@ def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
                   baseline: str = "symmetric") -> dict[int, tuple[Run, Run]]:
     """``{seed: (broken, baseline run)}`` for ``arm``: the pairs the pre-registered rule compares,
     sorted by seed; ValueError unless every seed of ``symmetry`` has its ``baseline`` partner and
-    the other way round."""
+    the other way round, or when the arm's runs mix activations (select one first)."""
+    activations = sorted({r.activation for r in runs
+                          if r.arm == arm and r.symmetry in (symmetry, baseline)})
+    if len(activations) > 1:
+        raise ValueError(f"{arm}: runs of several activations {activations} pair ambiguously; "
+                         "select one first, e.g. select(runs, activation='prelu')")
     broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
     base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
     if not broken or set(broken) != set(base):
@@ -312,21 +317,21 @@ def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
 
 
 def partner_pairs(runs: list[Run], *, baseline: str = "symmetric") -> list[tuple[Run, Run]]:
-    """Every run that is not ``baseline`` with its ``baseline`` partner (same arm and seed):
-    ``[(broken, partner)]`` in the order of ``runs``, for gains such as
+    """Every run that is not ``baseline`` with its ``baseline`` partner (same arm, activation
+    and seed): ``[(broken, partner)]`` in the order of ``runs``, for gains such as
     ``score(broken) - score(partner)``. ValueError when a partner is missing or not unique."""
-    partners: dict[tuple[str, int], list[Run]] = {}
+    partners: dict[tuple[str, str, int], list[Run]] = {}
     for r in runs:
         if r.symmetry == baseline:
-            partners.setdefault((r.arm, r.seed), []).append(r)
+            partners.setdefault((r.arm, r.activation, r.seed), []).append(r)
     pairs = []
     for r in runs:
         if r.symmetry == baseline:
             continue
-        found = partners.get((r.arm, r.seed), [])
+        found = partners.get((r.arm, r.activation, r.seed), [])
         if len(found) != 1:
-            raise ValueError(f"{r.name}: {len(found)} {baseline} runs of arm {r.arm}, seed "
-                             f"{r.seed}; a gain needs exactly one partner")
+            raise ValueError(f"{r.name}: {len(found)} {baseline} runs of arm {r.arm}, "
+                             f"{r.activation}, seed {r.seed}; a gain needs exactly one partner")
         pairs.append((r, found[0]))
     return pairs
 

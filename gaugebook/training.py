@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import glob
 import hashlib
 import json
 import math
@@ -149,20 +150,20 @@ def _run_locks(out: Path, cfgs: list[RunConfig]):
                                    ) from None
         yield
     finally:
-        for handle in handles:  # unlocked and removed: a later run takes a fresh lock
-            Path(handle.name).unlink(missing_ok=True)
-            handle.close()
+        for handle in handles:  # closing unlocks; the file stays, since removing a lock file
+            handle.close()  # that another process has opened would let a third one in
 
 
-def _remove_stale_temporaries(out: Path, cfgs: list[RunConfig]) -> None:
-    """Temporary files of these runs left by an interrupted write (under the runs' locks no
-    live process owns them)."""
-    for cfg in cfgs:
-        for tmp in [*out.glob(f"{cfg.name}.json.tmp*"),
-                    *(out / "checkpoints").glob(f"*{cfg.name}*.pt.tmp*")]:
+def _remove_stale_temporaries(out: Path, cfgs: list[RunConfig], batched: bool) -> None:
+    """The temporary files that an interrupted write of these runs' results or of their
+    checkpoint left (under the runs' locks no live process owns them); other runs' files in
+    ``out`` are not touched."""
+    finals = [out / f"{cfg.name}.json" for cfg in cfgs]
+    finals += ([_checkpoint_path(out, cfgs, True)] if batched
+               else [_checkpoint_path(out, [cfg], False) for cfg in cfgs])
+    for final in finals:
+        for tmp in final.parent.glob(glob.escape(final.name) + ".tmp*"):
             tmp.unlink(missing_ok=True)
-    for tmp in (out / "checkpoints").glob("batch-*.pt.tmp*"):
-        tmp.unlink(missing_ok=True)
 
 
 def _as_json(config: dict) -> dict:
@@ -782,7 +783,7 @@ def _train(cfgs: list[RunConfig], out: Path, device, batched: bool,
     if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
         return _train_locked(cfgs, out, device, batched, **options)
     with _run_locks(out, cfgs):
-        _remove_stale_temporaries(out, cfgs)
+        _remove_stale_temporaries(out, cfgs, batched)
         return _train_locked(cfgs, out, device, batched, **options)
 
 

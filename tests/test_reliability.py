@@ -33,7 +33,15 @@ def test_a_second_writer_fails_clearly_instead_of_overwriting(tmp_path):
             train(cfg, tmp_path, progress=False)
     assert not (tmp_path / f"{cfg.name}.json").exists()
     assert train(cfg, tmp_path, progress=False)["steps_done"] == 8  # free again: it trains
-    assert not list(tmp_path.glob("*.lock"))
+
+
+def test_a_refused_writer_leaves_the_holders_lock_in_force(tmp_path):
+    cfg = tiny()
+    with open(tmp_path / f"{cfg.name}.lock", "a") as held:  # another process's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for _ in range(2):  # the first refusal must not free the run for the second writer
+            with pytest.raises(RuntimeError, match="another process is training"):
+                train(cfg, tmp_path, progress=False)
 
 
 def test_runs_that_would_share_a_result_file_are_refused(tmp_path, capsys):
@@ -79,10 +87,13 @@ def test_stale_temporary_files_are_removed(tmp_path):
     cfg = tiny()
     (tmp_path / "checkpoints").mkdir(parents=True)
     stale = [tmp_path / f"{cfg.name}.json.tmp999", tmp_path / "checkpoints" / f"{cfg.name}.pt.tmp9"]
-    for path in stale:
+    others = [tmp_path / f"{cfg.name}-lr=0.001.json.tmp7",  # another run's, maybe being written
+              tmp_path / "checkpoints" / f"{cfg.name}-lr=0.001.pt.tmp7",
+              tmp_path / "checkpoints" / "batch-0123456789ab.pt.tmp7"]
+    for path in stale + others:
         path.write_text("half")
     train(cfg, tmp_path, progress=False)
-    assert not any(path.exists() for path in stale)
+    assert not any(path.exists() for path in stale) and all(path.exists() for path in others)
 
 
 def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):

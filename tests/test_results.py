@@ -325,6 +325,26 @@ def test_partner_pairs_give_each_broken_run_its_symmetric_partner(tmp_path):
         partner_pairs(runs + [r for r in runs if r.name == "adamw-symmetric-prelu-s1"])
 
 
+def test_runs_pair_only_with_the_same_activation(tmp_path):
+    """A GELU broken run is never compared with a PReLU partner, and the decision rule refuses
+    an arm whose runs mix activations instead of keeping one run per seed."""
+    from gaugebook.results import pairs_by_seed, partner_pairs
+
+    records = []
+    for activation, final in (("prelu", 3.0), ("gelu", 3.5)):
+        for sym in ("symmetric", "bqv"):
+            r = paper_record("ecd-pt", sym, 0, final)
+            r["config"]["activation"] = activation
+            r["name"] = r["name"].replace("prelu", activation)
+            records.append(r)
+    runs = load_runs(write(tmp_path / "mixed", *records))
+    assert all(b.activation == p.activation for b, p in partner_pairs(runs))
+    with pytest.raises(ValueError, match="several activations.*select one"):
+        pairs_by_seed(runs, "ecd-pt", "bqv")
+    prelu = [r for r in runs if r.activation == "prelu"]
+    assert pairs_by_seed(prelu, "ecd-pt", "bqv")[0][1].name == "ecd-symmetric-prelu-s0-pt"
+
+
 def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     """Gains follow the in-context score within each arm, while the arms' levels point the other
     way: within arms rho = +1, across all runs the arms' offsets spoil the order."""
