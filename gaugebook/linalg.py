@@ -25,8 +25,7 @@ def random_orthogonal(n: int, *, generator: torch.Generator | None = None) -> to
 def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
     """``n`` positive numbers in ``[cond^{-1/2}, cond^{1/2}]``, log-uniform, in random order, whose
     largest/smallest ratio is exactly ``cond`` (for ``n >= 2``; a single number is 1)."""
-    if cond < 1:
-        raise ValueError(f"a condition number is at least 1, got {cond}")
+    cond = check_number("the condition number cond", cond, low=1.0, strict=False)
     if n == 1:
         return torch.ones(1, dtype=DTYPE)
     u = torch.rand(n, generator=generator, dtype=DTYPE)

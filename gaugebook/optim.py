@@ -170,21 +170,8 @@ class ECD(Optimizer):
         self.members = members
         super().__init__(params, defaults)
         params = self._params()
-        if len({id(p) for p in params}) < len(params):
-            raise ValueError("a parameter is listed twice: ECD would count its scalars twice in d "
-                             "(pass each parameter once, e.g. model.parameters())")
-        if len({p.device for p in params}) > 1:
-            devices = sorted(str(d) for d in {p.device for p in params})
-            raise ValueError("ECD moves all parameters along one unit velocity: put them on one "
-                             f"device, got {devices}")
-        if members is not None:
-            wrong = [tuple(p.shape) for p in params if p.ndim == 0 or p.shape[0] != members]
-            if wrong:
-                raise ValueError(f"with members={members} every parameter must have a leading "
-                                 f"dimension of {members} (one slice per model), got shapes {wrong}")
-        if self.dimension < 2:
-            raise ValueError(f"ECD needs at least 2 trainable scalars (kappa has d - 1 in the "
-                             f"denominator), got d = {self.dimension}")
+        self._check_params()
+        self._blocks_given = blocks is not None
         self._block = self._partition(blocks, projection)
         R, device = self._R, params[0].device
         if chaos_seeds is None:
@@ -262,22 +249,55 @@ class ECD(Optimizer):
                 block[i], n = n, n + 1
         return block
 
+    def _check_params(self) -> None:
+        """The parameters of all groups: each listed once, on one device, with a leading
+        dimension of ``members`` when batched, and d >= 2 scalars."""
+        params = self._params()
+        if len({id(p) for p in params}) < len(params):
+            raise ValueError("a parameter is listed twice: ECD would count its scalars twice in d "
+                             "(pass each parameter once, e.g. model.parameters())")
+        if len({p.device for p in params}) > 1:
+            devices = sorted(str(d) for d in {p.device for p in params})
+            raise ValueError("ECD moves all parameters along one unit velocity: put them on one "
+                             f"device, got {devices}")
+        if self.members is not None:
+            wrong = [tuple(p.shape) for p in params if p.ndim == 0 or p.shape[0] != self.members]
+            if wrong:
+                raise ValueError(f"with members={self.members} every parameter must have a "
+                                 f"leading dimension of {self.members} (one slice per model), "
+                                 f"got shapes {wrong}")
+        if self.dimension < 2:
+            raise ValueError(f"ECD needs at least 2 trainable scalars (kappa has d - 1 in the "
+                             f"denominator), got d = {self.dimension}")
+
     def add_param_group(self, param_group: dict) -> None:
+        """Torch's, with ECD's checks; a refused group is not kept. After construction, only
+        before the first step and without a ``blocks`` partition (which was fixed then)."""
         if getattr(self, "_flat", None):
             raise ValueError("ECD keeps one velocity over all parameters: parameter groups "
                              "cannot be added after the first step")
+        if getattr(self, "_blocks_given", False):
+            raise ValueError("the blocks partition was fixed when ECD was made: pass every "
+                             "parameter to ECD(...) and list it in blocks")
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        self._validate_group(group)
-        for p in group["params"]:
-            if not p.is_floating_point() or p.is_complex():
-                raise ValueError(f"ECD optimises real floating-point parameters, "
-                                 f"got dtype {p.dtype}")
-        for key in ("eta", "F0", "nu", "projection", "foreach"):
-            if group[key] != self.param_groups[0][key]:
-                raise ValueError(f"{key} is shared by all parameter groups of ECD: got "
-                                 f"{group[key]!r} in a group and {self.param_groups[0][key]!r} "
-                                 "in the first")
+        try:
+            group = self.param_groups[-1]
+            self._validate_group(group)
+            for p in group["params"]:
+                if not p.is_floating_point() or p.is_complex():
+                    raise ValueError(f"ECD optimises real floating-point parameters, "
+                                     f"got dtype {p.dtype}")
+            for key in ("eta", "F0", "nu", "projection", "foreach"):
+                if group[key] != self.param_groups[0][key]:
+                    raise ValueError(f"{key} is shared by all parameter groups of ECD: got "
+                                     f"{group[key]!r} in a group and "
+                                     f"{self.param_groups[0][key]!r} in the first")
+            if hasattr(self, "_block"):  # added after construction: the checks of __init__
+                self._check_params()
+                self._block = self._partition(None, group["projection"])
+        except ValueError:
+            self.param_groups.pop()
+            raise
 
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]

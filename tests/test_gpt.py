@@ -291,6 +291,10 @@ def test_explicit_bias_draws_are_the_layers_own_draws():
     assert symmetric.draw_biases() is None
     with pytest.raises(ValueError, match="symmetric model"):
         symmetric(idx, bias_draws=draws)
+    for wrong in ((draws[0][0], draws[1]), (draws[0][:2], draws[1][:2]),
+                  (torch.cat([draws[0], draws[0][:1]]), draws[1])):  # one layer, too few, too many
+        with pytest.raises(ValueError, match=r"one row per layer \[3, ...\]"):
+            model(idx, bias_draws=wrong)
 
 
 def test_per_tensor_ecd_over_gpt2_tensors_follows_a_fused_c_attn_model():

@@ -73,3 +73,9 @@ def test_loglog_slope_recovers_power_laws_column_by_column():
     assert math.isclose(loglog_slope(x, both), 2.0, rel_tol=1e-12)
     with pytest.raises(ValueError):
         loglog_slope(x, x[:3])
+
+
+@pytest.mark.parametrize("cond", [0.5, float("nan"), float("inf")])
+def test_a_condition_number_must_be_finite_and_at_least_one(cond):
+    with pytest.raises(ValueError, match="condition number cond must be finite and >= 1"):
+        random_gl(3, cond)

@@ -806,3 +806,20 @@ def test_a_non_finite_gradient_on_the_device_path_is_reported_when_counted(fused
     opt.step(closure)
     with pytest.raises(FloatingPointError, match="non-finite loss or gradient at or before step 3"):
         opt.steps
+
+
+def test_a_group_added_to_ecd_is_checked_before_it_is_kept():
+    """A refused group leaves the optimizer as it was; an accepted one joins the partition and
+    the count d; a blocks partition, fixed at construction, refuses new groups."""
+    a, b = torch.randn(3, requires_grad=True), torch.randn(2, requires_grad=True)
+    opt = ECD([a], lr=0.1, eta=1.0, F0=-10.0, projection="per_tensor")
+    with pytest.raises(ValueError, match="eta is shared"):
+        opt.add_param_group({"params": [b], "eta": 5.0})
+    assert len(opt.param_groups) == 1 and opt.dimension == 3
+    opt.add_param_group({"params": [b]})
+    assert opt.dimension == 5
+    (a.sum() + b.square().sum()).backward()
+    opt.step(lambda: a.sum() + b.square().sum())  # the per-tensor step covers both tensors
+    fixed = ECD([a, b], lr=0.1, eta=1.0, F0=-10.0, projection="per_tensor", blocks=[[a, b]])
+    with pytest.raises(ValueError, match="blocks partition was fixed"):
+        fixed.add_param_group({"params": [torch.randn(2, requires_grad=True)]})
