@@ -289,9 +289,9 @@ class GPT(nn.Module):
         x = self.wte(idx)  # (B, T, D)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, D) broadcast over B
-        if bias_draws is not None and self.blocks[0].breaking is None:
-            raise ValueError("bias_draws given to a symmetric model (symmetry_breaking=None)")
         if bias_draws is not None:
+            if self.blocks[0].breaking is None:
+                raise ValueError("bias_draws given to a symmetric model (symmetry_breaking=None)")
             for name, draw in zip(("query", "value"), bias_draws):
                 if draw is not None and (draw.ndim < 2 or draw.shape[0] != len(self.blocks)):
                     raise ValueError(f"bias_draws' {name} draw must have one row per layer "
