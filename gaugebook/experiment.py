@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
-from gaugebook.training import (check_runs, cohorts, optimizer_state_bytes, provenance, train,
-                                train_batched, write_json_atomic)
+from gaugebook.training import (check_distinct_names, check_runs, cohorts,
+                                optimizer_state_bytes, provenance, train, train_batched,
+                                write_json_atomic)
 
 __all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train",
            "train_batched", "run_many", "main", "provenance", "write_json_atomic",
@@ -284,11 +285,7 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
     """Train ``runs``, alone or (``batched``) grouped into batched cohorts
     (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share the
     device (useful when one run or cohort does not fill a GPU)."""
-    names = [cfg.name for cfg in runs]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise ValueError(f"runs {clashes} would write the same result file: give them distinct "
-                         "tags (--set tag=...) or drop the --set that made them equal")
+    check_distinct_names(runs)
     groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
     if workers <= 1:
         for group in groups:
@@ -348,11 +345,7 @@ def main(argv=None) -> None:
         return
     try:
         runs = [override(cfg, args.set) for cfg in select_runs(args.preset, args.part)]
-        names = [cfg.name for cfg in runs]
-        clashes = sorted({n for n in names if names.count(n) > 1})
-        if clashes:
-            raise ValueError(f"runs {clashes} would write the same result file: give them "
-                             "distinct tags or drop the --set that made them equal")
+        check_distinct_names(runs)
         if args.batched:
             cohorts(runs)  # refuses optimizers that do not batch, before any training
         if args.workers < 1 or args.data_workers < 0:

@@ -44,7 +44,7 @@ from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescal
                                  ResidualCentring, ResidualPermutation)
 from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
                            gl_basis, identity, rope_commutant_basis, unit_basis)
-from gaugebook.linalg import DTYPE, random_gl, spread
+from gaugebook.linalg import DTYPE, random_gl, relative_change, spread
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
@@ -383,9 +383,4 @@ def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float
             y = m(*inputs)
         return y[0] if isinstance(y, tuple) else y
 
-    before, after = output(module), output(element.act(module))
-    scale = before.abs().max()
-    if scale == 0:
-        raise ValueError("the reference output f(theta, x) is all zero: the relative error is "
-                         "undefined (use inputs on which the module's output is non-zero)")
-    return ((after - before).abs().max() / scale).item()
+    return relative_change(output(element.act(module)), output(module))

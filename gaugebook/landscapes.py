@@ -32,9 +32,10 @@ from typing import Callable, Sequence
 import torch
 
 from gaugebook.checks import check_finite, check_number
+from gaugebook.optim import ecd_dt, ecd_kappa
 
 __all__ = ["rosenbrock", "multiwell", "sombrero", "angular_momentum", "leapfrog",
-           "explicit_euler", "gradient_descent", "ECDPath", "ecd_kappa", "ecd_path",
+           "explicit_euler", "gradient_descent", "ECDPath", "ecd_path",
            "optimizer_path"]
 
 Tensors = list[torch.Tensor]
@@ -126,13 +127,6 @@ def gradient_descent(theta: Tensors, grad: Gradient, lr: float, steps: int) -> T
 
 # --- Energy Conserving Descent on a point ------------------------------------------------------
 
-def ecd_kappa(eta: float, d: int) -> float:
-    """``kappa = (eta/2) d/(d-1)``, the kick coefficient of the q = 1 map in ``d`` dimensions."""
-    if d < 2:
-        raise ValueError(f"ECD needs d >= 2, got d = {d}")
-    return eta / 2 * d / (d - 1)
-
-
 @dataclass(frozen=True)
 class ECDPath:
     """Iterates of :func:`ecd_path`: ``x [n + 1, d]``, unit velocities ``v [n + 1, d]`` (``v[0]``
@@ -172,7 +166,7 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
     F0 = check_finite("F0", F0)
     x = torch.as_tensor(x0, dtype=torch.float64).clone()
     d = x.numel()
-    kappa, dt = ecd_kappa(eta, d), lr / math.sqrt(eta)
+    kappa, dt = ecd_kappa(eta, d), ecd_dt(lr, eta)
     if shifts is not None and tuple(shifts.shape) != (steps, d):
         raise ValueError(f"shifts must have shape [steps, d] = [{steps}, {d}], "
                          f"got {tuple(shifts.shape)}")

@@ -1,6 +1,6 @@
 """Random matrices with a prescribed condition number, checks of group elements (invertible
-matrices, permutations), numerical rank, and the comparison of subspaces (principal angles,
-orthogonal complements)."""
+matrices, permutations), numerical rank, the relative change of a tensor, and the comparison of
+subspaces (principal angles, orthogonal complements)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,19 @@ ZERO_RTOL = 1e-12
 """A float64 quantity below ``ZERO_RTOL`` times its scale counts as zero where no rank
 tolerance (:func:`numerical_rank`) applies: about ``10^4 eps``, the round-off of a few thousand
 operations, and far above it for the book's sizes."""
+
+
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
+    """``max |new - old| / max |old|`` over all entries: how much a tensor (an output, a score
+    matrix) changed, relative to its own size. For a layer, pass its outputs:
+    ``relative_change(m_new(X), m(X))``. An all-zero ``old`` has no size to compare with
+    (ValueError)."""
+    with torch.no_grad():
+        scale = old.abs().max()
+        if scale == 0:
+            raise ValueError("the reference tensor is all zero, so a change relative to it is "
+                             "undefined: compare on inputs where it is non-zero")
+        return ((new - old).abs().max() / scale).item()
 
 
 def random_orthogonal(n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 The chapters keep their teaching code visible and short; what only serves the page (gluing
 numbers into the prose, assembling tables, showing result files) lives here, and so do the
-small helpers that many chapters' checks share (:func:`relative_change`, :func:`flat`,
-:func:`with_weights`).
+small helpers that many chapters' checks share (:func:`flat`, :func:`with_weights`, and
+:func:`~gaugebook.linalg.relative_change`, importable from here too).
 """
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from pathlib import Path
 import torch
 from IPython.display import display
 
+from gaugebook.linalg import relative_change
 from gaugebook.results import Table
+
+__all__ = ["glue", "relative_change", "flat", "with_weights", "html_table", "recorded_command",
+           "repo_relative", "in_colab"]
 
 
 def glue(name: str, value, display_value: bool = True) -> None:
@@ -26,14 +30,6 @@ def glue(name: str, value, display_value: bool = True) -> None:
             display(value)
         return
     myst_glue(name, value, display=display_value)
-
-
-def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
-    """``max |new - old| / max |old|`` over all entries: how much a tensor (an output, a
-    score matrix) changed, relative to its own size. For a layer, pass its outputs:
-    ``relative_change(m_new(X), m(X))``."""
-    with torch.no_grad():
-        return ((new - old).abs().max() / old.abs().max()).item()
 
 
 def flat(module: torch.nn.Module) -> torch.Tensor:

@@ -31,7 +31,8 @@ from torch.optim import Optimizer
 from gaugebook import ecd_kernels
 from gaugebook.checks import check_finite, check_number
 
-__all__ = ["ECD", "MultiOptimizer", "make_optimizer", "OPTIMIZERS", "PROJECTIONS"]
+__all__ = ["ECD", "ecd_kappa", "ecd_dt", "MultiOptimizer", "make_optimizer", "OPTIMIZERS",
+           "PROJECTIONS"]
 
 PROJECTIONS = ("global", "per_tensor")
 
@@ -43,6 +44,19 @@ def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)  # AVG is NCCL-only; SUM works on every backend
         value /= dist.get_world_size()
     return value
+
+
+def ecd_kappa(eta: float, d: int) -> float:
+    """``kappa = (eta/2) d/(d-1)``: the coefficient of ECD's kick in ``d`` dimensions."""
+    if d < 2:
+        raise ValueError(f"ECD needs d >= 2 (kappa has d - 1 in the denominator), got d = {d}")
+    return eta / 2 * d / (d - 1)
+
+
+def ecd_dt(lr: float, eta: float) -> float:
+    """``dt = lr / sqrt(eta)``: the time step of ECD's map for the learning rate ``lr``; the
+    path a step moves (speed 1) is ``dt``."""
+    return lr / math.sqrt(eta)
 
 
 class ECD(Optimizer):
@@ -485,7 +499,7 @@ class ECD(Optimizer):
         :math:`v = -g/|g|`."""
         eta, F0 = float(self._shared("eta")), float(self._shared("F0"))
         d, params = self.dimension, self._params()
-        kappa, per_tensor = eta / 2 * d / (d - 1), self._shared("projection") == "per_tensor"
+        kappa, per_tensor = ecd_kappa(eta, d), self._shared("projection") == "per_tensor"
         kicks, dots, fresh = [], [], []
         for r, (F_loss, penalty, parts) in enumerate(rows):
             vg, gg = parts["vg"], parts["gg"]
@@ -646,10 +660,10 @@ class ECD(Optimizer):
     def _update_reference(self, grads, dots, kicks, chaos) -> None:
         """Kick, drift and renormalise, one tensor at a time (the readable path)."""
         params = self._params()
-        sqrt_eta, i = math.sqrt(float(self._shared("eta"))), 0
+        eta, i = float(self._shared("eta")), 0
         velocities = [self._rows(self.state[p]["velocity"]) for p in params]
         for group in self.param_groups:
-            dt = group["lr"] / sqrt_eta
+            dt = ecd_dt(group["lr"], eta)
             for p in group["params"]:
                 v, g = velocities[i], grads[i]
                 c = self._col([kick * dt for kick in kicks], v)
@@ -670,15 +684,14 @@ class ECD(Optimizer):
         or the global one), so :math:`|v'|^2 = \\sum (a^2\\, v\\cdot v - 2ac\\, v\\cdot g + c^2\\,
         g\\cdot g)` over the partial sums: the velocity is kicked and normalised in one pass,
         :math:`v \\leftarrow v'/|v'|`, and the drift adds :math:`\\Delta t_s |v'|\\, v`."""
-        sqrt_eta = math.sqrt(float(self._shared("eta")))
-        per_tensor = self._shared("projection") == "per_tensor"
+        eta, per_tensor = float(self._shared("eta")), self._shared("projection") == "per_tensor"
         for r, kick in enumerate(kicks):
             if not kick:
                 continue
             vg, gg, vv = partials[r]["vg"], partials[r]["gg"], partials[r]["vv"]
             plan, speed = [], 0.0  # per slice: dt, c, the factors a (per parameter or one)
             for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
-                dt = group["lr"] / sqrt_eta
+                dt = ecd_dt(group["lr"], eta)
                 c = kick * dt
                 if per_tensor:
                     a = [1 + c * dots[r][j] for j in idx]
@@ -742,7 +755,7 @@ class ECD(Optimizer):
         if self._units is None or self._units.rates != self._rates():  # (lr or eta changed)
             self._prepare_units(F.device)
         eta, F0, d = float(self._shared("eta")), float(self._shared("F0")), self.dimension
-        kappa, dt = eta / 2 * d / (d - 1), self._units.dt  # dt [U]
+        kappa, dt = ecd_kappa(eta, d), self._units.dt  # dt [U]
         moving = F > F0
         kick = torch.where(moving, kappa / (F - F0), 0.0)  # [R]
         c = kick[:, None] * dt  # [R, U]
@@ -771,7 +784,7 @@ class ECD(Optimizer):
         layout. Per unit: its dt, and the 0/1 matrix of units whose partial sums form its dot
         product (one tensor of the partition; global: all). For the unfused step, per slice:
         its units, its first, and (per-tensor) the unit within the slice of each column."""
-        sqrt_eta, params = math.sqrt(float(self._shared("eta"))), self._params()
+        eta, params = float(self._shared("eta")), self._params()
         per_tensor = self._shared("projection") == "per_tensor"
         by_parameter = per_tensor or self._kernels is not None
         dt, of_slice, first, columns = [], [], [], []
@@ -779,11 +792,11 @@ class ECD(Optimizer):
             if by_parameter:
                 of_slice.append(torch.tensor(idx, device=device))
                 first.append(idx[0])
-                dt += [group["lr"] / sqrt_eta] * len(idx)
+                dt += [ecd_dt(group["lr"], eta)] * len(idx)
             else:
                 of_slice.append(torch.tensor([s], device=device))
                 first.append(s)
-                dt.append(group["lr"] / sqrt_eta)
+                dt.append(ecd_dt(group["lr"], eta))
             if per_tensor and self._kernels is None:
                 sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
                 units = torch.arange(len(idx), dtype=torch.int32, device=device)  # 4 bytes

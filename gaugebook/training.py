@@ -47,13 +47,13 @@ from gaugebook.attention import math_attention
 from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
 from gaugebook.interpret import alignment_scores
-from gaugebook.optim import make_optimizer
+from gaugebook.optim import ecd_dt, make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
 from gaugebook.run_config import BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, RunConfig, batch_key
 from gaugebook.step_graph import CapturedStep
 
-__all__ = ["train", "train_batched", "cohorts", "check_runs", "provenance", "write_json_atomic",
-           "optimizer_state_bytes"]
+__all__ = ["train", "train_batched", "cohorts", "check_runs", "check_distinct_names", "provenance",
+           "write_json_atomic", "optimizer_state_bytes"]
 
 
 # ----------------------------------------------------------------------------- files
@@ -594,7 +594,7 @@ def _measure(cohort: _Cohort, before: dict, start: float) -> None:
         if m.cfg.optimizer == "ecd":
             hp = m.cfg.optimizer_hp
             moved_r = moved[r] if isinstance(moved, list) else moved
-            path = moved_r * hp["lr"] / math.sqrt(hp["eta"])
+            path = moved_r * ecd_dt(hp["lr"], hp["eta"])
         record = {"step": cohort.step, "train_loss": train_losses[r],
                   "val_loss": _evaluate(cohort, r), **charges,
                   "wall_s": time.perf_counter() - start, "path_length": path,
@@ -708,6 +708,15 @@ def _check_cuda_graphs(runs: list[RunConfig], device: torch.device) -> None:
         if cfg.optimizer == "ecd" and cfg.optimizer_hp.get("foreach") is False:
             raise ValueError(f"{cfg.name}: ECD's reference path (foreach=False) computes its "
                              "coefficients on the host: drop --cuda-graphs or foreach=False")
+
+
+def check_distinct_names(runs: list[RunConfig]) -> None:
+    """ValueError if two runs have one name: they would write the same result file."""
+    names = [cfg.name for cfg in runs]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ValueError(f"runs {clashes} would write the same result file: give them distinct "
+                         "names (--set tag=...) or drop the --set that made them equal")
 
 
 def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool = False) -> None:
@@ -875,9 +884,7 @@ def train_batched(cfgs: list[RunConfig], out: Path, device: torch.device | str =
     cfgs = list(cfgs)
     if not cfgs:
         raise ValueError("train_batched needs at least one run")
-    names = [c.name for c in cfgs]
-    if len(set(names)) < len(names):
-        raise ValueError(f"runs of one cohort need distinct names, got {names}")
+    check_distinct_names(cfgs)
     if cfgs[0].optimizer not in BATCHABLE_OPTIMIZERS:
         raise ValueError(f"--batched trains {BATCHABLE_OPTIMIZERS} only ({cfgs[0].optimizer} "
                          "acts on whole matrices): run these runs without --batched")

@@ -189,7 +189,7 @@ def test_what_cannot_be_batched_is_refused_with_the_fix(tmp_path, capsys):
     with pytest.raises(ValueError, match="these differ: .*optimizer_hp"):
         train_batched([member("adamw", "symmetric", 0),
                        member("adamw", "bqv", 1, optimizer_hp=dict(lr=1e-2))], tmp_path)
-    with pytest.raises(ValueError, match="distinct names"):
+    with pytest.raises(ValueError, match="would write the same result file"):
         train_batched([member("adamw", "symmetric", 0)] * 2, tmp_path)
     with pytest.raises(SystemExit):
         main(["--preset", "gpu", "--part", "seed0", "--batched", "--out", str(tmp_path)])

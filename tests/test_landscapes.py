@@ -5,10 +5,10 @@ import warnings
 import pytest
 import torch
 
-from gaugebook.landscapes import (angular_momentum, ecd_kappa, ecd_path, explicit_euler,
+from gaugebook.landscapes import (angular_momentum, ecd_path, explicit_euler,
                                   gradient_descent, leapfrog, multiwell, optimizer_path,
                                   rosenbrock, sombrero)
-from gaugebook.optim import ECD
+from gaugebook.optim import ECD, ecd_kappa
 
 F64 = torch.float64
 
@@ -108,13 +108,6 @@ def test_integrators_validate(h, steps):
 
 
 # --- ECD on a point ------------------------------------------------------------------------------
-
-def test_ecd_kappa():
-    assert ecd_kappa(2.0, 2) == 2.0
-    assert ecd_kappa(100.0, 101) == pytest.approx(50.5)
-    with pytest.raises(ValueError, match="d >= 2"):
-        ecd_kappa(1.0, 1)
-
 
 @pytest.mark.parametrize("F, x0", [(rosenbrock, [-1.0, 1.5]), (multiwell, [1.3, 1.4])])
 def test_ecd_path_is_the_optimizer(F, x0):

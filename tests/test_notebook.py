@@ -55,6 +55,11 @@ def test_relative_change_is_relative_to_the_old_tensor():
     assert relative_change(3.0 * old, old) == pytest.approx(2.0 * 4.0 / 4.0)
 
 
+def test_relative_change_refuses_an_all_zero_reference():
+    with pytest.raises(ValueError, match="reference tensor is all zero"):
+        relative_change(torch.ones(3), torch.zeros(3))
+
+
 def test_relative_change_of_module_outputs(generator):
     m = MultiHeadAttention(4, 2, 2, dtype=torch.float64, generator=generator)
     x = torch.randn(2, 3, 4, generator=generator, dtype=torch.float64)

@@ -11,10 +11,34 @@ import torch
 from torch import nn
 
 from gaugebook import ecd_kernels
-from gaugebook.optim import ECD, MultiOptimizer, make_optimizer
+from gaugebook.optim import ECD, MultiOptimizer, ecd_dt, ecd_kappa, make_optimizer
 
 DT = torch.float64
 
+
+def test_ecd_kappa_and_dt():
+    assert ecd_kappa(2.0, 2) == 2.0
+    assert ecd_kappa(100.0, 101) == pytest.approx(50.5)
+    with pytest.raises(ValueError, match="d >= 2"):
+        ecd_kappa(1.0, 1)
+    assert ecd_dt(0.3, 9.0) == pytest.approx(0.1)
+
+
+def test_ecd_path_length_is_steps_times_dt():
+    """One moving step of ECD moves theta by dt (speed 1 after the renormalisation)."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
+    opt = ECD([w], lr=0.3, eta=9.0, F0=-1.0)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w ** 2).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        before = w.detach().clone()
+        opt.step(closure)
+        assert (w.detach() - before).norm().item() == pytest.approx(ecd_dt(0.3, 9.0), rel=1e-12)
 
 def mlp(seed=0, dtype=DT):
     torch.manual_seed(seed)
