@@ -32,17 +32,16 @@ def check_finite(name: str, value) -> float:
     return x
 
 
-def check_finite_tensors(module: nn.Module | None = None, *inputs) -> None:
+def check_finite_tensors(module: nn.Module, *inputs) -> None:
     """ValueError naming the first parameter or buffer of ``module``, or the first tensor among
     ``inputs``, that holds a NaN or an infinity. A non-finite weight can hide: the fused CPU
     attention kernel turns NaN scores into finite outputs, so a gauge check on such a model
     would measure nothing."""
-    if module is not None:
-        for kind, named in (("parameter", module.named_parameters()),
-                            ("buffer", module.named_buffers())):
-            for name, t in named:
-                if t.is_floating_point() and not torch.isfinite(t).all():
-                    raise ValueError(f"{kind} {name} of {type(module).__name__} is not finite")
+    for kind, named in (("parameter", module.named_parameters()),
+                        ("buffer", module.named_buffers())):
+        for name, t in named:
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise ValueError(f"{kind} {name} of {type(module).__name__} is not finite")
     for i, t in enumerate(inputs):
         if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"input {i} (shape {tuple(t.shape)}) is not finite")

@@ -39,9 +39,13 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_finite_tensors
-from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescaling,
-                                 LayerNormScale, LayerNormShift, PositionCentring, ReaderCentring,
-                                 ResidualCentring, ResidualPermutation)
+# The rest of a GPT's symmetries are defined and documented in gaugebook.gpt_gauge; they are
+# importable from here as well, where DESIGN.md section 4 promises them (not in __all__, so that
+# the API reference documents each once).
+from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F401
+                                 HiddenRescaling, LayerNormScale, LayerNormShift,
+                                 PositionCentring, ReaderCentring, ResidualCentring,
+                                 ResidualPermutation)
 from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
                            gl_basis, identity, rope_commutant_basis, unit_basis)
 from gaugebook.linalg import DTYPE, random_gl, relative_change, spread
@@ -50,11 +54,6 @@ __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "Key
            "ValueBiasShift", "random_element", "identity", "invariance_error",
            "rope_commutant_element", "attention_modules", "qk_algebra", "grouped_weights",
            "ATTENTION_ALGEBRA"]
-# The rest of a GPT's symmetries are defined in gaugebook.gpt_gauge (and documented there);
-# importable from here as well: gaugebook.gauge is where DESIGN.md section 4 promises them.
-GPT_SYMMETRIES = (EmbeddingShift, HiddenPermutation, HiddenRescaling, LayerNormScale,
-                  LayerNormShift, PositionCentring, ReaderCentring, ResidualCentring,
-                  ResidualPermutation)
 
 
 def _expect(module: MultiHeadAttention, what: str, **sizes) -> None:
@@ -77,8 +76,12 @@ def _per_group(X: torch.Tensor, m: MultiHeadAttention) -> torch.Tensor:
 
 def qk_algebra(m: MultiHeadAttention) -> torch.Tensor:
     """A basis ``[k, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``:
-    all of ``gl(d_head)`` without RoPE, else the commutant of the rotations
-    (:func:`gaugebook.lie.rope_commutant_basis`)."""
+    the commutant of its rotations (:func:`gaugebook.lie.rope_commutant_basis`).
+
+    Without RoPE all of ``gl(d_head)``. With RoPE, per rotation plane ``(i, i + r/2)`` the scaling
+    ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for gated RoPE, whose coordinate-wise
+    gates forbid rotations), and on the ``u = d_head - r`` unrotated coordinates all of ``gl(u)``
+    (its diagonal for gated RoPE)."""
     return rope_commutant_basis(m.d_head, m.rotary_dim, m.rope == "gated")
 
 
@@ -345,10 +348,11 @@ def _random_attention_element(m: MultiHeadAttention, cond: float, generator, tar
         shape_v = (m.n_kv_heads, m.d_value)
         factors.append(ValueBiasShift(torch.randn(shape_v, generator=generator, dtype=DTYPE),
                                       target=target))
-        if not m.rope:
-            shape_k = (m.n_kv_heads, m.d_head)
-            factors.append(KeyBiasShift(torch.randn(shape_k, generator=generator, dtype=DTYPE),
-                                        target=target))
+    free = list(KeyBiasShift.free(m))  # the coordinates RoPE does not rotate
+    if free:
+        t = torch.zeros(m.n_kv_heads, m.d_head, dtype=DTYPE)
+        t[:, free] = torch.randn(m.n_kv_heads, len(free), generator=generator, dtype=DTYPE)
+        factors.append(KeyBiasShift(t, target=target))
     return factors
 
 
@@ -358,7 +362,8 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
 
     Every attention layer inside ``module`` gets its own QK and VO matrices (each of 2-norm
     condition number ``cond``; RoPE-commuting where RoPE is on), a head permutation and, with
-    biases, key- and value-bias shifts.
+    biases, a value-bias shift and a key-bias shift on the coordinates that RoPE does not rotate
+    (:meth:`KeyBiasShift.free`).
     """
     layers = attention_modules(module)
     if not layers:

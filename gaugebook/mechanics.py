@@ -51,13 +51,12 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.gauge import (QKTransform, VOTransform, attention_modules, grouped_weights,
-                             qk_algebra)
+from gaugebook.gauge import QKTransform, VOTransform, attention_modules, qk_algebra
 from gaugebook.lie import float64_parameters, momentum_map, project
 from gaugebook.linalg import DTYPE
 
 __all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
-           "Sectors", "charges", "flow_invariants", "largest_norms", "grouped_weights"]
+           "Sectors", "charges", "flow_invariants", "largest_norms"]
 
 
 def _T(x: torch.Tensor) -> torch.Tensor:

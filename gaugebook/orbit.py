@@ -41,7 +41,7 @@ from gaugebook.gauge import (ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTra
 from gaugebook.lie import tangent_map
 from gaugebook.linalg import ZERO_RTOL, numerical_rank
 
-__all__ = ["qk_lie_basis", "orbit_tangents", "OrbitDimension", "orbit_dimension",
+__all__ = ["orbit_tangents", "OrbitDimension", "orbit_dimension",
            "balancing_element"]
 
 
@@ -50,25 +50,12 @@ def _check(m) -> None:
         raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
 
 
-def qk_lie_basis(m: MultiHeadAttention) -> torch.Tensor:
-    """A basis ``[n, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``
-    (:func:`gaugebook.gauge.qk_algebra`).
-
-    Without RoPE all of ``gl(d_head)``. With RoPE, per rotation plane ``(i, i + r/2)`` the scaling
-    ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for gated RoPE, whose coordinate-wise
-    gates forbid rotations), and on the ``u = d_head - r`` unrotated coordinates all of ``gl(u)``
-    (its diagonal for gated RoPE).
-    """
-    _check(m)
-    return qk_algebra(m)
-
-
 def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
     """The tangent map ``T [n_params, n_lie]`` of the continuous gauge action at ``m``'s weights.
 
     Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
     :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
-    key/value group, the QK basis of :func:`qk_lie_basis`, ``gl(d_value)`` (``E_ij`` in row-major
+    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`, ``gl(d_value)`` (``E_ij`` in row-major
     order), then key- and value-bias translations (with biases). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
@@ -137,8 +124,7 @@ def balancing_element(m: MultiHeadAttention) -> GaugeElement:
     Needs full column rank factors (``d_head, d_value <= d_model``) and no RoPE (the RoPE
     commutant cannot balance a general pair).
     """
-    if not isinstance(m, MultiHeadAttention):
-        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+    _check(m)
     if m.rope:
         raise ValueError("balancing_element needs a layer without RoPE")
     W = grouped_weights(m)  # augmented and grouped per key/value head

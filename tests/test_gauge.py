@@ -47,6 +47,18 @@ def test_random_element_is_a_symmetry(flavour, dtype, generator):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_random_element_shifts_every_free_key_bias_coordinate(flavour, generator):
+    m = make(flavour, torch.float64, generator)
+    shifts = [f for f in random_element(m, generator=generator).factors
+              if isinstance(f, KeyBiasShift)]
+    free = list(KeyBiasShift.free(m))
+    assert len(shifts) == (1 if free else 0)
+    if free:
+        moved = (shifts[0].t != 0).any(dim=0)
+        assert moved.nonzero().flatten().tolist() == free
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_every_factor_is_a_symmetry(flavour, dtype, generator):
     m = make(flavour, dtype, generator)
     x = inputs(m, generator)

@@ -3,9 +3,9 @@ import torch
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, KeyBiasShift, QKTransform, ValueBiasShift,
-                             VOTransform, invariance_error, random_element)
+                             VOTransform, invariance_error, qk_algebra, random_element)
 from gaugebook.mechanics import flow_invariants
-from gaugebook.orbit import balancing_element, orbit_dimension, orbit_tangents, qk_lie_basis
+from gaugebook.orbit import balancing_element, orbit_dimension, orbit_tangents
 from gaugebook.redundancy import jacobian, predicted_redundancy
 
 DTYPE = torch.float64
@@ -72,10 +72,10 @@ def test_generic_orbit_dimension(name, generator):
 
 
 def test_rope_bases():
-    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope=True))) == 6
-    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope=True, rotary_dim=4))) == 4 + 2**2
-    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6, rope="gated", rotary_dim=4))) == 2 + 2
-    assert len(qk_lie_basis(MultiHeadAttention(6, 1, 6))) == 36
+    assert len(qk_algebra(MultiHeadAttention(6, 1, 6, rope=True))) == 6
+    assert len(qk_algebra(MultiHeadAttention(6, 1, 6, rope=True, rotary_dim=4))) == 4 + 2**2
+    assert len(qk_algebra(MultiHeadAttention(6, 1, 6, rope="gated", rotary_dim=4))) == 2 + 2
+    assert len(qk_algebra(MultiHeadAttention(6, 1, 6))) == 36
 
 
 @pytest.mark.parametrize("r_Q, r_K", [(2, 4), (2, 3), (1, 1), (0, 2)])
