@@ -45,7 +45,9 @@ __all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "tra
 # Optimizer settings of the `gpu` preset. The paper's code (124M model, 500M tokens): ECD lr 1
 # (dt 0.1), eta 100, F0 2.0; AdamW lr 1e-4; SGDM lr 0.03, momentum 0.95 (Nesterov); SOAP lr 3e-4,
 # betas (0.95, 0.95). Here ECD keeps lr and eta with F0 = 1.5 (below the losses our short runs
-# reach), SGDM the paper's values, and the adaptive methods take 10x the paper's lr,
+# reach), SGDM the paper's lr and momentum but starts at rest (the paper draws its initial
+# velocity with std 0.1), bqv runs draw b_V with mu_V = 0 (the paper: 0.5), and the adaptive
+# methods take 10x the paper's lr,
 # the usual choice for a model 10x smaller trained far shorter. These are not tuned: the `sweep`
 # preset exists to tune them, and the book reports which settings each result used. SOAP keeps
 # pytorch-optimizer's max_precondition_dim = 10,000: our 4,832-word vocabulary falls under it (the

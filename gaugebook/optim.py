@@ -201,7 +201,7 @@ class ECD(Optimizer):
         # step there, so that None means that no step has run there to be counted
         self._pending: torch.Tensor | None = None
         self._flat: dict[torch.dtype, torch.Tensor] = {}  # velocity storage, set on the first step
-        self._layout: list = []
+        self._layout: list[_Slice] = []
         self._units: _Units | None = None  # the device step's constants (off the CPU)
         self._kernels: ecd_kernels.FusedStep | None = None  # the fused device step, if taken
         self._workspace: dict[torch.dtype, torch.Tensor] | None = None  # CPU gradient copies
@@ -245,11 +245,11 @@ class ECD(Optimizer):
                              "projection='per_tensor'")
         position = {id(p): i for i, p in enumerate(params)}
         block = [-1] * len(params)
-        for b, members in enumerate(blocks):
-            members = list(members)
-            if not members:
+        for b, block_params in enumerate(blocks):
+            block_params = list(block_params)
+            if not block_params:
                 raise ValueError(f"block {b} of the partition is empty")
-            for p in members:
+            for p in block_params:
                 i = position.get(id(p))
                 if i is None:
                     raise ValueError(f"block {b} holds a tensor that ECD does not optimise")
@@ -388,11 +388,11 @@ class ECD(Optimizer):
         columns ``start:stop`` of ``flat[dtype]``."""
         params, offset, i, out = self._params(), {}, 0, []
         for group in self.param_groups:
-            members: dict[torch.dtype, list[int]] = {}
+            indices_by_dtype: dict[torch.dtype, list[int]] = {}
             for _ in group["params"]:
-                members.setdefault(params[i].dtype, []).append(i)
+                indices_by_dtype.setdefault(params[i].dtype, []).append(i)
                 i += 1
-            for dtype, idx in members.items():
+            for dtype, idx in indices_by_dtype.items():
                 start = offset.get(dtype, 0)
                 offset[dtype] = start + sum(params[j].numel() // self._R for j in idx)
                 out.append((group, dtype, start, offset[dtype], idx))
@@ -414,10 +414,12 @@ class ECD(Optimizer):
             for j, rows in zip(idx, self._split(flat[dtype], idx)):
                 self.state[params[j]]["velocity"] = rows.view(params[j].shape)
         for group, dtype, start, stop, idx in self._slices():
-            members = [self._rows(params[j]) for j in idx]
-            velocities = self._split(flat[dtype][:, start:stop], idx)
-            per_member = [([m[r] for m in members], [v[r] for v in velocities]) for r in range(R)]
-            self._layout.append((group, dtype, start, stop, idx, members, velocities, per_member))
+            param_rows = [self._rows(params[j]) for j in idx]
+            velocity_rows = self._split(flat[dtype][:, start:stop], idx)
+            per_member = [([w[r] for w in param_rows], [v[r] for v in velocity_rows])
+                          for r in range(R)]
+            self._layout.append(_Slice(group, dtype, start, stop, idx, param_rows, velocity_rows,
+                                       per_member))
         # per-tensor: member r's segment of parameter j in flat[dtype].view(-1), member-major
         device = params[0].device
         sizes = {dtype: [params[j].numel() // R for j in idx]
@@ -565,10 +567,11 @@ class ECD(Optimizer):
         return {dtype: torch.cat(ts, dim=1) if out is None else torch.cat(ts, dim=1, out=out[dtype])
                 for dtype, ts in flat.items()}
 
-    def _penalties(self, members_of_groups) -> torch.Tensor:
-        """``sum_groups lambda/2 |theta_group|^2`` per member, float64 ``[R]``."""
+    def _penalties(self, rows_of_groups) -> torch.Tensor:
+        """``sum_groups lambda/2 |theta_group|^2`` per member, float64 ``[R]``, from pairs
+        ``(group, its parameters' rows [R, n_j])``."""
         penalty = torch.zeros(self._R, dtype=torch.float64, device=self._params()[0].device)
-        for group, rows in members_of_groups:
+        for group, rows in rows_of_groups:
             if group["weight_decay"] != 0:
                 for t in rows:
                     penalty += group["weight_decay"] / 2 * _dots(t, t)
@@ -603,11 +606,11 @@ class ECD(Optimizer):
             # costs page faults (more than the copy): keep it. CUDA's caching allocator reuses
             # the block by itself, and a kept buffer would raise the peak memory of training.
             self._workspace = grads
-        for group, dtype, start, stop, idx, members, *_ in self._layout:
-            if group["weight_decay"] != 0:
-                g = self._split(grads[dtype][:, start:stop], idx)
-                torch._foreach_add_(g, members, alpha=group["weight_decay"])
-        penalty = self._penalties([(group, members) for group, *_, members, _, _ in self._layout])
+        for sl in self._layout:
+            if sl.group["weight_decay"] != 0:
+                g = self._split(grads[sl.dtype][:, sl.start:sl.stop], sl.indices)
+                torch._foreach_add_(g, sl.param_rows, alpha=sl.group["weight_decay"])
+        penalty = self._penalties([(sl.group, sl.param_rows) for sl in self._layout])
         return grads, penalty
 
     def _gather_foreach(self):
@@ -619,8 +622,8 @@ class ECD(Optimizer):
         grads, penalty = self._flat_gradients()
         pairs = {"vg": lambda v, g: (v, g), "gg": lambda v, g: (g, g), "vv": lambda v, g: (v, v)}
         if self._shared("projection") == "global":  # one sum per slice suffices
-            slices = [(self._flat[dtype][:, a:b], grads[dtype][:, a:b])
-                      for _, dtype, a, b, *_ in self._layout]
+            slices = [(self._flat[sl.dtype][:, sl.start:sl.stop],
+                       grads[sl.dtype][:, sl.start:sl.stop]) for sl in self._layout]
             partials = {key: torch.stack([_dots(*pick(v, g)) for v, g in slices], dim=1)
                         for key, pick in pairs.items()}
         else:  # per parameter, summed over the partition's tensors on the host
@@ -690,26 +693,26 @@ class ECD(Optimizer):
                 continue
             vg, gg, vv = partials[r]["vg"], partials[r]["gg"], partials[r]["vv"]
             plan, speed = [], 0.0  # per slice: dt, c, the factors a (per parameter or one)
-            for s, (group, _, _, _, idx, *_) in enumerate(self._layout):
-                dt = ecd_dt(group["lr"], eta)
+            for s, sl in enumerate(self._layout):
+                dt = ecd_dt(sl.group["lr"], eta)
                 c = kick * dt
                 if per_tensor:
-                    a = [1 + c * dots[r][j] for j in idx]
+                    a = [1 + c * dots[r][j] for j in sl.indices]
                     speed += math.fsum(aj * aj * vv[j] - 2 * aj * c * vg[j] + c * c * gg[j]
-                                       for aj, j in zip(a, idx))
+                                       for aj, j in zip(a, sl.indices))
                 else:
                     a = 1 + c * dots[r][0]
                     speed += a * a * vv[s] - 2 * a * c * vg[s] + c * c * gg[s]
                 plan.append((dt, c, a))
             n = math.sqrt(speed)
-            for (dt, c, a), (_, dtype, start, stop, *_, per_member) in zip(plan, self._layout):
-                v = self._flat[dtype][r, start:stop]
-                weights, velocities = per_member[r]
+            for (dt, c, a), sl in zip(plan, self._layout):
+                v = self._flat[sl.dtype][r, sl.start:sl.stop]
+                weights, velocities = sl.per_member[r]
                 if per_tensor:
                     torch._foreach_mul_(velocities, [aj / n for aj in a])
                 else:
                     v.mul_(a / n)
-                v.add_(grads[dtype][r, start:stop], alpha=-c / n)  # v = (a v - c g)/|v'|
+                v.add_(grads[sl.dtype][r, sl.start:sl.stop], alpha=-c / n)  # v = (a v - c g)/|v'|
                 torch._foreach_add_(weights, velocities, alpha=dt * n)  # drift: dt v'
         if chaos > 0:
             self._chaos(chaos, kicks)
@@ -723,15 +726,16 @@ class ECD(Optimizer):
         has made its first step."""
         vg, gg, vv = partials["vg"], partials["gg"], partials["vv"]  # [R, U]
         moving, scale, coef, drift = self._device_coefficients(F, vg, gg, vv)
-        for s, (group, dtype, start, stop, *_, per_member) in enumerate(self._layout):
-            v, g = self._flat[dtype][:, start:stop], grads[dtype][:, start:stop]
+        for s, sl in enumerate(self._layout):
+            dtype = sl.dtype
+            v, g = self._flat[dtype][:, sl.start:sl.stop], grads[dtype][:, sl.start:sl.stop]
             columns = self._units.columns[s]  # the unit of each column (None: one for all)
             factor = scale[:, self._units.of_slice[s]].to(dtype)
             v.mul_(factor if columns is None else factor.index_select(1, columns))
             u = self._units.first[s]  # (a slice's units share their dt, so coef and drift)
             v.addcmul_(g, coef[:, u:u + 1].to(dtype), value=-1)
             moved = v * drift[:, u:u + 1].to(dtype)
-            for r, (weights, _) in enumerate(per_member):
+            for r, (weights, _) in enumerate(sl.per_member):
                 torch._foreach_add_(weights, moved[r].split([w.numel() for w in weights]))
         self._count(F, vg, gg, moving)
 
@@ -788,24 +792,25 @@ class ECD(Optimizer):
         per_tensor = self._shared("projection") == "per_tensor"
         by_parameter = per_tensor or self._kernels is not None
         dt, of_slice, first, columns = [], [], [], []
-        for s, (group, _, start, stop, idx, *_) in enumerate(self._layout):
+        for s, sl in enumerate(self._layout):
+            idx = sl.indices
             if by_parameter:
                 of_slice.append(torch.tensor(idx, device=device))
                 first.append(idx[0])
-                dt += [ecd_dt(group["lr"], eta)] * len(idx)
+                dt += [ecd_dt(sl.group["lr"], eta)] * len(idx)
             else:
                 of_slice.append(torch.tensor([s], device=device))
                 first.append(s)
-                dt.append(ecd_dt(group["lr"], eta))
+                dt.append(ecd_dt(sl.group["lr"], eta))
             if per_tensor and self._kernels is None:
                 sizes = torch.tensor([params[j].numel() // self._R for j in idx], device=device)
                 units = torch.arange(len(idx), dtype=torch.int32, device=device)  # 4 bytes
                 columns.append(torch.repeat_interleave(units, sizes,  # per column, read a step
-                                                       output_size=stop - start))
+                                                       output_size=sl.stop - sl.start))
             else:
                 columns.append(None)
         if by_parameter:  # units are parameters, in parameter order
-            order = [j for _, _, _, _, idx, *_ in self._layout for j in idx]
+            order = [j for sl in self._layout for j in sl.indices]
             dt = [dt[order.index(j)] for j in range(len(params))]
         if per_tensor:
             block = torch.tensor(self._block, device=device)
@@ -864,6 +869,19 @@ def _on_device(t: torch.Tensor) -> bool:
     """Whether ECD's steps run without reading scalars to the host: off the CPU (on a CPU the
     host and the arithmetic are one, and the host path computes its scalars exactly)."""
     return t.device.type != "cpu"
+
+
+class _Slice(NamedTuple):
+    """One parameter group's parameters of one dtype: columns ``start:stop`` of the flat
+    velocity ``flat[dtype] [R, N]`` (see :meth:`ECD._attach`)."""
+    group: dict
+    dtype: torch.dtype
+    start: int
+    stop: int
+    indices: list[int]  # the parameters' positions in ECD._params()
+    param_rows: list[torch.Tensor]  # per parameter: its rows [R, n_j]
+    velocity_rows: list[torch.Tensor]  # per parameter: its velocity's rows [R, n_j]
+    per_member: list[tuple[list[torch.Tensor], list[torch.Tensor]]]  # per member r: both, [n_j]
 
 
 class _Units(NamedTuple):
@@ -1067,12 +1085,17 @@ OPTIMIZERS = {"ecd": ECD, "adamw": _adamw, "sgdm": _sgdm, "muon": _muon, "soap":
 
 
 def make_optimizer(name: str, params: Iterable, **hp):
-    """Build an optimizer by name, with the paper's defaults where it states them.
+    """Build an optimizer by name, with the library's defaults; these are not all the
+    symmetry-breaking paper's (whose AdamW has betas (0.9, 0.999) and weight decay 0, and whose
+    SGDM starts from a random velocity): the ``paper`` preset
+    (:mod:`gaugebook.experiment`) passes the paper's values.
 
     - ``"ecd"``: :class:`ECD` (needs ``lr``, ``eta``, ``F0``).
-    - ``"adamw"``: ``torch.optim.AdamW``, betas (0.9, 0.95), ``fused=True`` when every parameter
-      is on CUDA or the CPU (unless ``foreach`` is given).
-    - ``"sgdm"``: ``torch.optim.SGD`` with Nesterov momentum 0.95.
+    - ``"adamw"``: ``torch.optim.AdamW``, betas (0.9, 0.95) as in nanoGPT, torch's weight decay
+      0.01, ``fused=True`` when every parameter is on CUDA or the CPU (unless ``foreach`` is
+      given).
+    - ``"sgdm"``: ``torch.optim.SGD`` with Nesterov momentum 0.95, from zero velocity (a run's
+      ``init_velocity_std``, :class:`~gaugebook.run_config.RunConfig`, draws a random one).
     - ``"muon"``: ``torch.optim.Muon`` (``adjust_lr_fn="match_rms_adamw"``, so it shares AdamW's
       ``lr`` and ``weight_decay``, default 0.1) for the matrices that act on the residual stream:
       the weights of linear layers and, one head at a time, the per-head attention weights

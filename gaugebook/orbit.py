@@ -55,8 +55,8 @@ def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
 
     Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
     :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
-    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`, ``gl(d_value)`` (``E_ij`` in row-major
-    order), then key- and value-bias translations (with biases). Each family's columns are
+    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`, ``gl(d_value)``
+    (``E_ij`` in row-major order), then key- and value-bias translations (with biases). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
     check_finite_tensors(m)
