@@ -300,20 +300,22 @@ class Decision:
 
 def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
                   baseline: str = "symmetric") -> dict[int, tuple[Run, Run]]:
-    """``{seed: (broken, baseline run)}`` for ``arm``: the pairs the pre-registered rule compares,
-    sorted by seed; ValueError unless every seed of ``symmetry`` has its ``baseline`` partner and
-    the other way round, or when the arm's runs mix activations (select one first)."""
-    activations = sorted({r.activation for r in runs
-                          if r.arm == arm and r.symmetry in (symmetry, baseline)})
+    """``{seed: (broken, baseline run)}`` for ``arm``: the pairs the pre-registered rule compares
+    (:func:`partner_pairs` of the arm's ``symmetry`` runs), sorted by seed; ValueError unless
+    every seed of ``symmetry`` has one ``baseline`` partner and the other way round, or when the
+    arm's runs mix activations (select one first)."""
+    mine = [r for r in runs if r.arm == arm and r.symmetry in (symmetry, baseline)]
+    activations = sorted({r.activation for r in mine})
     if len(activations) > 1:
         raise ValueError(f"{arm}: runs of several activations {activations} pair ambiguously; "
                          "select one first, e.g. select(runs, activation='prelu')")
-    broken = {r.seed: r for r in runs if r.arm == arm and r.symmetry == symmetry}
-    base = {r.seed: r for r in runs if r.arm == arm and r.symmetry == baseline}
-    if not broken or set(broken) != set(base):
-        raise ValueError(f"{arm}: the seeds of {symmetry} {sorted(broken)} and of {baseline} "
-                         f"{sorted(base)} do not pair")
-    return {seed: (broken[seed], base[seed]) for seed in sorted(broken)}
+    broken = sorted(r.seed for r in mine if r.symmetry == symmetry)
+    base = sorted(r.seed for r in mine if r.symmetry == baseline)
+    if not broken or broken != base or len(set(broken)) < len(broken):
+        raise ValueError(f"{arm}: the seeds of {symmetry} {broken} and of {baseline} {base} "
+                         "do not pair one to one")
+    pairs = partner_pairs(mine, baseline=baseline)
+    return {b.seed: (b, partner) for b, partner in sorted(pairs, key=lambda p: p[0].seed)}
 
 
 def partner_pairs(runs: list[Run], *, baseline: str = "symmetric") -> list[tuple[Run, Run]]:

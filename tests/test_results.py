@@ -345,6 +345,20 @@ def test_runs_pair_only_with_the_same_activation(tmp_path):
     assert pairs_by_seed(prelu, "ecd-pt", "bqv")[0][1].name == "ecd-symmetric-prelu-s0-pt"
 
 
+def test_pairs_by_seed_refuses_two_runs_of_one_seed(tmp_path):
+    """Two runs of one arm, symmetry and seed (say, from two folders) are not silently reduced to
+    the last one: the rule's pairs must be one to one."""
+    from gaugebook.results import pairs_by_seed
+
+    runs = load_runs(write(tmp_path / "one", paper_record("ecd-pt", "symmetric", 0, 3.0),
+                           paper_record("ecd-pt", "bqv", 0, 2.8)))
+    assert list(pairs_by_seed(runs, "ecd-pt", "bqv")) == [0]
+    for twice in ("bqv", "symmetric"):
+        extra = [r for r in runs if r.symmetry == twice]
+        with pytest.raises(ValueError, match="one to one|exactly one partner"):
+            pairs_by_seed(runs + extra, "ecd-pt", "bqv")
+
+
 def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     """Gains follow the in-context score within each arm, while the arms' levels point the other
     way: within arms rho = +1, across all runs the arms' offsets spoil the order."""
