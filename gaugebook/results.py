@@ -225,14 +225,11 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *, baseline: str = 
     ``step=None`` uses, for each pair, the largest step both runs recorded. Returns records
     ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}`` (``optimizer``
     is the run's :attr:`Run.arm`, so tagged variants pair among themselves), sorted;
-    broken runs without a baseline partner are left out.
+    broken runs without a baseline partner are left out, and a broken run with several is an
+    error (:func:`partner_pairs`).
     """
-    partners = {(r.arm, r.activation, r.seed): r for r in runs if r.symmetry == baseline}
     out = []
-    for run in runs:
-        partner = partners.get((run.arm, run.activation, run.seed))
-        if run.symmetry == baseline or partner is None:
-            continue
+    for run, partner in partner_pairs(runs, baseline=baseline, skip_unpaired=True):
         if step is None:
             shared = common_steps([run, partner])
             if not shared:
@@ -318,10 +315,12 @@ def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
     return {b.seed: (b, partner) for b, partner in sorted(pairs, key=lambda p: p[0].seed)}
 
 
-def partner_pairs(runs: list[Run], *, baseline: str = "symmetric") -> list[tuple[Run, Run]]:
+def partner_pairs(runs: list[Run], *, baseline: str = "symmetric",
+                  skip_unpaired: bool = False) -> list[tuple[Run, Run]]:
     """Every run that is not ``baseline`` with its ``baseline`` partner (same arm, activation
     and seed): ``[(broken, partner)]`` in the order of ``runs``, for gains such as
-    ``score(broken) - score(partner)``. ValueError when a partner is missing or not unique."""
+    ``score(broken) - score(partner)``. ValueError when a partner is not unique, or missing
+    (unless ``skip_unpaired``: then that run is left out)."""
     partners: dict[tuple[str, str, int], list[Run]] = {}
     for r in runs:
         if r.symmetry == baseline:
@@ -331,6 +330,8 @@ def partner_pairs(runs: list[Run], *, baseline: str = "symmetric") -> list[tuple
         if r.symmetry == baseline:
             continue
         found = partners.get((r.arm, r.activation, r.seed), [])
+        if not found and skip_unpaired:
+            continue
         if len(found) != 1:
             raise ValueError(f"{r.name}: {len(found)} {baseline} runs of arm {r.arm}, "
                              f"{r.activation}, seed {r.seed}; a gain needs exactly one partner")

@@ -90,6 +90,15 @@ def test_breaking_effects_pair_runs_at_their_largest_shared_step(grid):
     assert all(e["step"] == 100 for e in fixed)
 
 
+def test_breaking_effects_refuse_two_baselines_of_one_run(grid):
+    """Two symmetric runs of one arm, activation and seed (say, from two folders): which one is
+    the baseline is ambiguous, so it is an error, not the last one read."""
+    runs = load_runs(grid)
+    twice = runs + [r for r in runs if r.arm == "ecd" and r.symmetry == "symmetric"]
+    with pytest.raises(ValueError, match="exactly one partner"):
+        breaking_effects(twice)
+
+
 def test_seed_summary_has_no_spread_for_one_seed(tmp_path):
     folder = write(tmp_path / "seeds",
                    record("ecd", "symmetric", [100], seed=0), record("ecd", "bqv", [100], seed=0,
