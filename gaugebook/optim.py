@@ -54,8 +54,9 @@ def ecd_kappa(eta: float, d: int) -> float:
 
 
 def ecd_dt(lr: float, eta: float) -> float:
-    """``dt = lr / sqrt(eta)``: the time step of ECD's map for the learning rate ``lr``; the
-    path a step moves (speed 1) is ``dt``."""
+    """``dt = lr / sqrt(eta)``: the arc-length step of ECD's map for the learning rate ``lr``.
+    A step moves ``dt v - (lr^2/2) d/(d-1) g_perp/(F - F0)`` (the kicked velocity times
+    ``dt``), so at least ``dt``; ``steps x dt`` is the nominal path."""
     return lr / math.sqrt(eta)
 
 

@@ -24,25 +24,32 @@ def test_ecd_kappa_and_dt():
     assert ecd_dt(0.3, 9.0) == pytest.approx(0.1)
 
 
-def test_ecd_path_length_is_steps_times_dt():
-    """One moving step of ECD moves theta by dt (speed 1 after the renormalisation)."""
+def test_an_ecd_step_is_dt_v_plus_a_gradient_step():
+    """theta' - theta = dt v - (lr^2/2) d/(d-1) g_perp/(F - F0), eta only in dt: the drift
+    uses the kicked velocity, so a step is at least dt long."""
+    A = torch.tensor([1.0, 4.0, 0.25], dtype=torch.float64)
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
-    opt = ECD([w], lr=0.3, eta=9.0, F0=-1.0)
+    lr, eta, F0, d = 1.0, 100.0, -1.0, 3  # the paper's lr and eta
+    opt = ECD([w], lr=lr, eta=eta, F0=F0)
 
     def closure():
         opt.zero_grad()
-        loss = (w ** 2).sum()
+        loss = (A * w ** 2).sum()
         loss.backward()
         return loss
 
-    for _ in range(3):
-        before = w.detach().clone()
+    opt.step(closure)
+    lengths = []
+    for _ in range(6):
+        theta, v = w.detach().clone(), opt.state[w]["velocity"].clone()
+        F = (A * theta ** 2).sum()
+        g = 2 * A * theta
+        g_perp = g - v * (v @ g)
+        predicted = theta + ecd_dt(lr, eta) * v - lr ** 2 / 2 * d / (d - 1) * g_perp / (F - F0)
         opt.step(closure)
-        assert (w.detach() - before).norm().item() == pytest.approx(ecd_dt(0.3, 9.0), rel=1e-12)
-
-def mlp(seed=0, dtype=DT):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).to(dtype)
+        assert torch.allclose(w.detach(), predicted, rtol=0, atol=1e-13)
+        lengths.append((w.detach() - theta).norm().item() / ecd_dt(lr, eta))
+    assert min(lengths) >= 1 - 1e-12 and max(lengths) > 2  # as F nears F0, up to 8 dt here
 
 
 def data(seed=1, dtype=DT):
