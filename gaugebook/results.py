@@ -27,7 +27,8 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "puzzle_gain_tests",
            "decide", "decisions", "t_interval", "paired_gaps", "Correlation", "rank_correlation",
-           "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "rank_correlation_difference", "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS",
+           "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -447,6 +448,44 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (ra * rb).sum(-1) / np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
 
 
+def _samples(*columns) -> list[np.ndarray]:
+    """The columns as float arrays, checked: 1-D, of one length, at least 4 pairs."""
+    arrays = [np.asarray(c, dtype=float) for c in columns]
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) > 1 or arrays[0].ndim != 1 or len(arrays[0]) < 4:
+        raise ValueError(f"need 1-D samples of equal length >= 4, got shapes {shapes}")
+    return arrays
+
+
+def _groups(strata, *columns) -> list[np.ndarray]:
+    """The pairs' indices per group of ``strata`` (all one group when None), keeping groups of
+    3 or more pairs in which every column varies; ValueError when none is left."""
+    n = len(columns[0])
+    labels = np.zeros(n, dtype=int) if strata is None else np.unique(
+        np.asarray(strata, dtype=object).astype(str), return_inverse=True)[1]
+    if len(labels) != n:
+        raise ValueError(f"strata has {len(labels)} entries for {n} pairs")
+    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
+    groups = [g for g in groups if len(g) >= 3 and all(np.ptp(c[g]) > 0 for c in columns)]
+    if not groups:
+        for name, v in zip("xyz", columns):
+            if np.ptp(v) == 0:
+                raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is "
+                                 "undefined")
+        raise ValueError("no group has 3 or more pairs that vary in every sample")
+    return groups
+
+
+def _weighted_rho(x, y, groups, ix, iy) -> np.ndarray:
+    """Spearman's rho of ``x[ix]`` with ``y[iy]`` (index arrays [draws, n]) per group, averaged
+    with the groups' sizes as weights: [draws] (nan for a draw with no rho in any group)."""
+    weights = np.array([len(g) for g in groups], dtype=float)
+    rhos = np.stack([_spearman(x[ix[:, g]], y[iy[:, g]]) for g in groups])
+    ok = ~np.isnan(rhos)  # (groups, draws)
+    with np.errstate(invalid="ignore"):
+        return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
+
+
 def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0) -> Correlation:
     """Spearman's ``rho`` between the paired samples ``x`` and ``y`` [n], with a two-sided
     permutation p-value (under the null the pairing is arbitrary: ``y`` is shuffled
@@ -458,30 +497,12 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     constant in ``x`` or ``y``, are left out), and both the permutations and the bootstrap act
     within each group, so that differences between groups cannot make a correlation. ValueError
     for fewer than 4 pairs, or no group with a rho."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1 or len(x) < 4:
-        raise ValueError(f"need two 1-D samples of equal length >= 4, got {x.shape}, {y.shape}")
-    labels = np.zeros(len(x), dtype=int) if strata is None else np.unique(
-        np.asarray(strata, dtype=object).astype(str), return_inverse=True)[1]
-    if len(labels) != len(x):
-        raise ValueError(f"strata has {len(labels)} entries for {len(x)} pairs")
-    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
-    groups = [g for g in groups if len(g) >= 3 and np.ptp(x[g]) > 0 and np.ptp(y[g]) > 0]
-    if not groups:
-        for name, v in (("x", x), ("y", y)):
-            if np.ptp(v) == 0:
-                raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is "
-                                 "undefined")
-        raise ValueError("no group has 3 or more pairs that vary in x and in y")
-    weights = np.array([len(g) for g in groups], dtype=float)
+    x, y = _samples(x, y)
+    groups = _groups(strata, x, y)
     rng = np.random.default_rng(seed)
 
     def statistic(ix, iy):  # (draws, n) indices into x and into y -> (draws,) weighted rho
-        rhos = np.stack([_spearman(x[ix[:, g]], y[iy[:, g]]) for g in groups])
-        ok = ~np.isnan(rhos)  # (groups, draws)
-        with np.errstate(invalid="ignore"):  # a draw with no rho in any group: nan, left out
-            return ((np.where(ok, rhos, 0) * weights[:, None]).sum(0)
-                    / (ok * weights[:, None]).sum(0))
+        return _weighted_rho(x, y, groups, ix, iy)
 
     identity = np.arange(len(x))[None]
     observed = float(statistic(identity, identity)[0])
@@ -495,6 +516,29 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     low, high = np.nanpercentile(statistic(resampled, resampled), [2.5, 97.5])
     return Correlation(observed, float(p), (float(low), float(high)), len(x),
                        strata=len(groups))
+
+
+def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
+                                seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Which of two predictors ranks ``y`` better: ``D = rho(a, y) - rho(b, y)``, each rho as
+    :func:`rank_correlation` computes it (within ``strata`` groups, size-weighted), and a 95%
+    percentile bootstrap interval of D from the same resampled pairs for both (within each
+    group). A predictor expected to correlate negatively enters negated. "One rho significant,
+    the other not" is no evidence that they differ; an interval of D that excludes 0 is.
+    Returns ``(D, (low, high))``."""
+    a, b, y = _samples(a, b, y)
+    groups = _groups(strata, a, b, y)
+    rng = np.random.default_rng(seed)
+    identity = np.arange(len(y))[None]
+    resampled = np.repeat(identity, resamples, 0)
+    for g in groups:
+        resampled[:, g] = g[rng.integers(0, len(g), (resamples, len(g)))]
+
+    def difference(ix):
+        return _weighted_rho(a, y, groups, ix, ix) - _weighted_rho(b, y, groups, ix, ix)
+
+    low, high = np.nanpercentile(difference(resampled), [2.5, 97.5])
+    return float(difference(identity)[0]), (float(low), float(high))
 
 
 def rank_correlation_power(strata, rho: float, *, level: float = 0.05, draws: int = 400,

@@ -392,3 +392,23 @@ def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     assert pooled["in-context alignment"].rho < 0  # higher scores, lower gains across arms
     assert within["change of validation loss"].rho == pytest.approx(-1.0)  # larger drop, gain
     assert abs(within["static-key alignment"].rho) < 1
+
+
+def test_rank_correlation_difference_ranks_two_predictors():
+    """D > 0 with an interval above 0 when a predicts y and b is noise; an interval around 0
+    when a and b are equally good (noisy copies of one signal); mismatched lengths refused."""
+    from gaugebook.results import rank_correlation_difference
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=40)
+    good, noise = y + 0.3 * rng.normal(size=40), rng.normal(size=40)
+    D, (low, high) = rank_correlation_difference(good, noise, y, resamples=999)
+    assert D > 0.5 and low > 0
+    twin_a, twin_b = y + rng.normal(size=40), y + rng.normal(size=40)
+    D, (low, high) = rank_correlation_difference(twin_a, twin_b, y, resamples=999)
+    assert low < 0 < high and abs(D) < 0.3
+    strata = ["a"] * 20 + ["b"] * 20
+    D_within, _ = rank_correlation_difference(good, noise, y, strata=strata, resamples=99)
+    assert D_within > 0.5
+    with pytest.raises(ValueError, match="equal length"):
+        rank_correlation_difference(good, noise[:-1], y)
