@@ -115,9 +115,10 @@ def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60
 
 
 def path_ratio(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, path_length / init_norm)``: ECD's path :math:`n\\,\\delta t` over the initial
-    parameter norm :math:`|\\theta_0|` (the paper's long-time regime needs tens); ValueError for
-    a run without a path length (optimizers other than ECD record ``None``)."""
+    """``(steps, path_length / init_norm)``: ECD's nominal path :math:`n\\,\\delta t` (steps
+    times dt; each step is at least dt long) over the initial parameter norm
+    :math:`|\\theta_0|`; ValueError for a run without a path length (optimizers other than ECD
+    record ``None``)."""
     steps, _ = run.curve("val_loss")
     path = run.history.get("path_length")
     if path is None or any(p is None for p in path):

@@ -73,16 +73,17 @@ GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=32, steps
 # code's settings) at reduced scale. ECD: lr 1 (dt = 0.1), eta 100, F0 2, nu 0, per-tensor over
 # GPT-2's tensors or global; AdamW: betas (0.9, 0.999), weight decay 0 (the paper's logged runs)
 # at lr PAPER_ADAMW_LR; PReLU slopes drawn per unit from N(0.2, 1.0^2); mu_V 0.5. Steps: the
-# initial parameter norm of this model is 134 (seed 0), so 28,000 steps of dt 0.1 make a path of
-# 2,800 = 20.9 initial norms.
+# initial parameter norm of this model is 134 (seed 0), so 28,000 steps of dt 0.1 make a nominal
+# path (steps x dt) of 2,800 = 20.9 initial norms.
 PAPER_ADAMW_LR = 1e-4
 PAPER = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=8, steps=28_000,
              eval_every=500, eval_batches=16, probe_instances=128, checkpoint_every=4000,
              autocast_bf16=True, compile=True, prelu_init="paper")
 PAPER_SMOKE = dict(SMOKE, steps=40, prelu_init="paper")
 # The preset `paper-cpu`: the same 21 runs on the smoke model (2 layers, 2 heads, width 32,
-# context 32), long enough for the paper's regime: its initial parameter norm is 22.9, 22.5 and
-# 21.4 (seeds 0, 1, 2), so 5,000 steps of dt 0.1 make a path of 500 = 21.8 to 23.4 initial norms.
+# context 32), as long as the GPU preset's horizon: its initial parameter norm is 22.9, 22.5 and
+# 21.4 (seeds 0, 1, 2), so 5,000 steps of dt 0.1 make a nominal path of 500 = 21.8 to 23.4
+# initial norms.
 # A CPU trains it in about 20 minutes; the same decision rule applies (PAPER_DECISION), and what
 # it decides is about this model only.
 PAPER_CPU = dict(PAPER_SMOKE, steps=5_000, eval_every=100, eval_batches=16, probe_instances=32,

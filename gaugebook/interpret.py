@@ -224,10 +224,21 @@ def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | Non
     return torch.stack(out)  # (L, H, V)
 
 
+NULL_DIRECTIONS = 64
+"""Random reference directions behind the static score's null band (:func:`alignment_scores`)."""
+
+
+def _static_score(model: GPT, reference, token_categories: torch.Tensor) -> tuple[float, dict]:
+    """The static-key structure score against ``reference`` and the mean cosine per category."""
+    cos = static_key_cosines(model, reference).mean((0, 1))  # (V,)
+    words = by_category(cos[None, :], token_categories[None, :])
+    return structure_score(words).item(), {c.name.lower(): v.item() for c, v in words.items()}
+
+
 @torch.no_grad()
 def alignment_scores(model: GPT, idx: torch.Tensor, categories: torch.Tensor,
-                     token_categories: torch.Tensor) -> dict[str, float | None]:
-    """Two alignment summaries of a trained model, each a :func:`structure_score` (structural
+                     token_categories: torch.Tensor) -> dict:
+    """Alignment summaries of a trained model, each :func:`structure_score` (structural
     categories minus noise) averaged over layers and heads:
 
     * ``"in_context"``: of the centred log-factor of the whole query offset
@@ -235,12 +246,26 @@ def alignment_scores(model: GPT, idx: torch.Tensor, categories: torch.Tensor,
       ``categories [B, T]`` (nats);
     * ``"static"``: of the static-key cosine with ``E[b_Q]`` (:func:`static_key_cosines`), mean
       over each category's vocabulary words (``token_categories [V]``); ``None`` for a model
-      without a query-breaking bias (it has no ``E[b_Q]``).
+      without a query-breaking bias (it has no ``E[b_Q]``). ``"static_by_category"``: that
+      mean cosine per category (``{"function_word": ...}``), or ``None`` likewise;
+    * ``"static_null"``: the same static score against ``NULL_DIRECTIONS`` random directions
+      (one per layer, shared by its heads as ``E[b_Q]`` is; a fixed seed, so the same for every
+      model of a shape), for any model: ``{"mean", "low", "high"}``, ``low, high`` the 2.5% and
+      97.5% quantiles, the band a score with no relation to ``E[b_Q]`` falls in.
     """
+    token_categories = torch.as_tensor(token_categories)
     table = by_category(log_factors(model, idx, "effective"), categories)
-    scores = {"in_context": structure_score(table).mean().item(), "static": None}
+    L, H, dk = model.config.n_layer, model.config.n_head, model.config.head_size
+    generator = torch.Generator().manual_seed(0)
+    null = torch.tensor([_static_score(model, torch.randn(L, 1, dk, generator=generator,
+                                                          dtype=torch.float64).expand(L, H, dk),
+                                       token_categories)[0]
+                         for _ in range(NULL_DIRECTIONS)])
+    low, high = torch.quantile(null, torch.tensor([0.025, 0.975], dtype=null.dtype)).tolist()
+    scores = {"in_context": structure_score(table).mean().item(), "static": None,
+              "static_by_category": None,
+              "static_null": {"mean": null.mean().item(), "low": low, "high": high}}
     if model.config.symmetry_breaking is not None:
-        cos = static_key_cosines(model).mean((0, 1))  # (V,)
-        words = by_category(cos[None, :], torch.as_tensor(token_categories)[None, :])
-        scores["static"] = structure_score(words).item()
+        scores["static"], scores["static_by_category"] = _static_score(model, "mean",
+                                                                       token_categories)
     return scores

@@ -37,7 +37,8 @@ REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes
             "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
             "provenance")
 # alignment: gaugebook.interpret.alignment_scores of the trained model ({"in_context",
-# "static"}), or None where it does not apply; ways: how the run was trained from which step
+# "static", "static_by_category", "static_null"}; files before 2026-12-05 have the first two),
+# or None where it does not apply; ways: how the run was trained from which step
 # ([{"from_step", "compile", "cuda_graphs", "cpp_wrapper"}], one entry per change of way)
 RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
                           "trained_with", "alignment", "ways")

@@ -38,8 +38,10 @@ def test_cpu_smoke_preset_writes_plottable_results(tmp_path):
         assert r["tokens_per_s"] > 0 and r["peak_memory_bytes"] > 0
         assert 0 <= r["probes"]["mean"]["top1"] <= 1
         # alignment of the trained model: both scores for a broken run, no static one otherwise
-        assert set(r["alignment"]) == {"in_context", "static"}
+        assert set(r["alignment"]) == {"in_context", "static", "static_by_category",
+                                       "static_null"}
         assert (r["alignment"]["static"] is None) == (r["config"]["symmetry"] == "symmetric")
+        assert r["alignment"]["static_null"]["low"] <= r["alignment"]["static_null"]["high"]
     assert not list(tmp_path.glob("*.tmp*")) and not list((tmp_path / "checkpoints").glob("*"))
     ecd = next(r for r in results if r["config"]["optimizer"] == "ecd")
     adamw = next(r for r in results if r["config"]["optimizer"] == "adamw")

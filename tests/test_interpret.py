@@ -163,7 +163,19 @@ def test_alignment_scores_are_the_two_structure_scores():
     in_context = structure_score(by_category(log_factors(model, idx), categories)).mean()
     static = structure_score(by_category(static_key_cosines(model).mean((0, 1))[None],
                                          vocabulary[None]))
-    assert scores == pytest.approx({"in_context": in_context.item(), "static": static.item()})
-    assert alignment_scores(gpt(None), idx, categories, vocabulary)["static"] is None
+    assert scores["in_context"] == pytest.approx(in_context.item())
+    assert scores["static"] == pytest.approx(static.item())
+    # per category: the mean cosines the static score is made of (function words included)
+    per = scores["static_by_category"]
+    assert set(per) == {c.name.lower() for c in Category}
+    assert per["sentence_start"] == pytest.approx(
+        static_key_cosines(model).mean((0, 1))[vocabulary == 0].mean().item())
+    # the null band: random directions, a fixed seed, so one band per model and repeatable
+    null = scores["static_null"]
+    assert null["low"] <= null["mean"] <= null["high"] and null["high"] - null["low"] > 0
+    assert alignment_scores(model, idx, categories, vocabulary)["static_null"] == null
+    symmetric = alignment_scores(gpt(None), idx, categories, vocabulary)
+    assert symmetric["static"] is None and symmetric["static_by_category"] is None
+    assert symmetric["static_null"]["low"] < symmetric["static_null"]["high"]
     with pytest.raises(ValueError, match="no tokens of"):
         alignment_scores(model, idx, torch.zeros_like(idx), vocabulary)
