@@ -52,6 +52,11 @@ def test_an_ecd_step_is_dt_v_plus_a_gradient_step():
     assert min(lengths) >= 1 - 1e-12 and max(lengths) > 2  # as F nears F0, up to 8 dt here
 
 
+def mlp(seed=0, dtype=DT):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).to(dtype)
+
+
 def data(seed=1, dtype=DT):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(16, 4, generator=g, dtype=dtype),
