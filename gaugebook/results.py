@@ -25,10 +25,10 @@ import numpy as np
 
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
-           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "puzzle_gain_tests",
-           "decide", "decisions", "t_interval", "paired_gaps", "Correlation", "rank_correlation",
-           "rank_correlation_difference", "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS",
-           "HISTORY_EXTRA"]
+           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "probe_standard_error",
+           "puzzle_gain_tests", "decide", "decisions", "t_interval", "paired_gaps", "Correlation",
+           "rank_correlation", "rank_correlation_difference", "rank_correlation_power",
+           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -339,6 +339,16 @@ def partner_pairs(runs: list[Run], *, baseline: str = "symmetric",
                              f"{r.activation}, seed {r.seed}; a gain needs exactly one partner")
         pairs.append((r, found[0]))
     return pairs
+
+
+def probe_standard_error(run: Run, score: str = "top1") -> float:
+    """The sampling error of a run's mean puzzle score ``probes["mean"][score]``, a mean over
+    ``T`` tasks each scored on ``n = config["probe_instances"]`` instances:
+    :math:`\\sqrt{\\sum_t p_t(1 - p_t)/n}\\,/\\,T`. Smaller than one binomial over all ``nT``
+    instances pooled when the tasks' accuracies differ; unpaired, so conservative for two runs
+    that answer the same instances."""
+    p = np.array([v[score] for task, v in run["probes"].items() if task != "mean"])
+    return math.sqrt(float((p * (1 - p)).sum()) / run["config"]["probe_instances"]) / len(p)
 
 
 def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str, Correlation]:

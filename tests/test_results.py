@@ -412,3 +412,14 @@ def test_rank_correlation_difference_ranks_two_predictors():
     assert D_within > 0.5
     with pytest.raises(ValueError, match="equal length"):
         rank_correlation_difference(good, noise[:-1], y)
+
+
+def test_probe_standard_error_adds_the_tasks_binomial_errors():
+    """Two tasks at 0.5 and 1.0 on 100 instances: sqrt((0.25 + 0) / 100) / 2 = 0.025, below the
+    pooled binomial sqrt(0.75 * 0.25 / 200) = 0.0306 of the same mean score."""
+    from gaugebook.results import probe_standard_error
+
+    run = {"config": {"probe_instances": 100},  # a result record, or its Run
+           "probes": {"a": {"top1": 0.5}, "b": {"top1": 1.0}, "mean": {"top1": 0.75}}}
+    assert probe_standard_error(run) == pytest.approx(0.025)
+    assert probe_standard_error(run) < math.sqrt(0.75 * 0.25 / 200)
