@@ -28,9 +28,9 @@ from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Tab
                                pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
-           "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "band_panels",
-           "paired_deltas", "delta_panels", "decision_table", "sweep_statistics", "best_rates",
-           "sweep_panels"]
+           "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "ROW_LABELS",
+           "band_panels", "paired_deltas", "delta_panels", "decision_table", "sweep_statistics",
+           "best_rates", "sweep_panels"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
@@ -148,6 +148,11 @@ def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
             "max": values.max(0)}
 
 
+ROW_LABELS = {"val_loss": "validation loss", "path_ratio": "nominal path\n/ |θ₀|",
+              "J_QK": "|J_QK|", "J_VO": "|J_VO|", "skipped_steps": "skipped steps"}
+"""How :func:`band_panels` labels its rows (any other history key: the key itself)."""
+
+
 def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                 title: str | None = None):
     """One row of panels per history key in ``keys`` (a key or a list; ``"path_ratio"`` for
@@ -181,7 +186,7 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                 ax.set_yscale("log")
             if ax.lines:
                 ax.legend(fontsize=7)
-        row[0].set_ylabel(key)
+        row[0].set_ylabel(ROW_LABELS.get(key, key))
     for ax, arm in zip(axes[0], arms):
         ax.set_title(arm)
     for ax in axes[-1]:

@@ -62,6 +62,7 @@ def test_decision_table_and_panels():
     assert ax.get_title() == "ecd-pt" and len(ax.lines) == 2
     assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
     assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
+    assert [a.get_ylabel() for a in fig.axes] == ["validation loss", "nominal path\n/ |θ₀|"]
 
 
 def test_paired_deltas_pair_by_seed_at_shared_steps_and_panels_draw_them():
