@@ -26,9 +26,9 @@ import numpy as np
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "probe_standard_error",
-           "puzzle_gain_tests", "decide", "decisions", "t_interval", "paired_gaps", "Correlation",
-           "rank_correlation", "rank_correlation_difference", "rank_correlation_power",
-           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "puzzle_gain_tests", "puzzle_gain_differences", "decide", "decisions", "t_interval",
+           "paired_gaps", "Correlation", "rank_correlation", "rank_correlation_difference",
+           "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -351,6 +351,21 @@ def probe_standard_error(run: Run, score: str = "top1") -> float:
     return math.sqrt(float((p * (1 - p)).sum()) / run["config"]["probe_instances"]) / len(p)
 
 
+def _gains_and_predictors(runs: list[Run]):
+    """Each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
+    (:func:`partner_pairs`), the three predictors of it (keyed as a sentence names them) and
+    the broken runs' arms."""
+    pairs = partner_pairs(runs)
+    gain = [b["probes"]["mean"]["top1"] - p["probes"]["mean"]["top1"] for b, p in pairs]
+    predictors = {
+        "in-context alignment": [b["alignment"]["in_context"] for b, _ in pairs],
+        "static-key alignment": [b["alignment"]["static"] for b, _ in pairs],
+        "change of validation loss": [final_statistic(b) - final_statistic(p)
+                                      for b, p in pairs],
+    }
+    return gain, predictors, [b.arm for b, _ in pairs]
+
+
 def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str, Correlation]:
     """The test of "alignment predicts puzzle gains better than the loss does" (chapter 18):
     each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
@@ -360,16 +375,20 @@ def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str,
     optimizer arm, so that differences between optimizers cannot make a correlation. Keyed by
     the predictors' names as a sentence says them ("in-context alignment", "static-key
     alignment", "change of validation loss")."""
-    pairs = partner_pairs(runs)
-    gain = [b["probes"]["mean"]["top1"] - p["probes"]["mean"]["top1"] for b, p in pairs]
-    strata = [b.arm for b, _ in pairs] if within_arms else None
-    predictors = {
-        "in-context alignment": [b["alignment"]["in_context"] for b, _ in pairs],
-        "static-key alignment": [b["alignment"]["static"] for b, _ in pairs],
-        "change of validation loss": [final_statistic(b) - final_statistic(p)
-                                      for b, p in pairs],
-    }
+    gain, predictors, arms = _gains_and_predictors(runs)
+    strata = arms if within_arms else None
     return {name: rank_correlation(x, gain, strata=strata) for name, x in predictors.items()}
+
+
+def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
+    """The comparative statistic of the same claim (``results/README.md``): for each alignment
+    score, ``D = rho(alignment, gain) - rho(-(change of validation loss), gain)`` within
+    optimizer arms, with its bootstrap interval (:func:`rank_correlation_difference`;
+    ``options`` go to it). D > 0: alignment ranks the gains better than the drop of the loss."""
+    gain, predictors, arms = _gains_and_predictors(runs)
+    drop = [-x for x in predictors.pop("change of validation loss")]
+    return {name: rank_correlation_difference(x, drop, gain, strata=arms, **options)
+            for name, x in predictors.items()}
 
 
 def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",

@@ -371,7 +371,7 @@ def test_pairs_by_seed_refuses_two_runs_of_one_seed(tmp_path):
 def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     """Gains follow the in-context score within each arm, while the arms' levels point the other
     way: within arms rho = +1, across all runs the arms' offsets spoil the order."""
-    from gaugebook.results import puzzle_gain_tests
+    from gaugebook.results import puzzle_gain_differences, puzzle_gain_tests
 
     records = []
     for k, arm in enumerate(("ecd-pt", "adamw")):
@@ -392,6 +392,11 @@ def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     assert pooled["in-context alignment"].rho < 0  # higher scores, lower gains across arms
     assert within["change of validation loss"].rho == pytest.approx(-1.0)  # larger drop, gain
     assert abs(within["static-key alignment"].rho) < 1
+    # the comparative statistic: in-context alignment ranks the gains as well as the loss's
+    # drop does (D = 1 - 1), the static score worse (rho 0.2 within each arm: D = -0.8)
+    differences = puzzle_gain_differences(runs, resamples=99)
+    assert differences["in-context alignment"][0] == pytest.approx(0.0, abs=1e-12)
+    assert differences["static-key alignment"][0] == pytest.approx(-0.8)
 
 
 def test_rank_correlation_difference_ranks_two_predictors():
