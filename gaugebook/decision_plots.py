@@ -191,9 +191,9 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
         ax.set_title(arm)
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    if title:
+    if title:  # above the column titles: tight_layout leaves the top 0.35 inch to it
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight() if title else 1))
     return fig
 
 
