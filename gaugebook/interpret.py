@@ -205,6 +205,25 @@ def structure_score(table: dict[Category, torch.Tensor], structural=STRUCTURAL,
     return plus - minus
 
 
+def _static_keys(model: GPT, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Each layer's static keys ``e_v W_K^{(h)}`` of the ``rows [V, D]`` (token embeddings by
+    default), ``[H, V, dk]``; keys of grouped key/value heads repeated to their query heads."""
+    rows = (model.wte.weight if rows is None else rows).detach()
+    out = []
+    for block in model.blocks:
+        attn = block.attn
+        keys = torch.einsum("vd,hde->hve", rows.to(attn.W_K), attn.W_K)  # (Hkv, V, dk)
+        out.append(keys.repeat_interleave(attn.group_size, dim=0))  # (H, V, dk)
+    return out
+
+
+def _cosines(keys: list[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
+    """Cosine of each layer's keys ``[H, V, dk]`` with its reference ``ref[l] [H, dk]``:
+    ``[L, H, V]``."""
+    return torch.stack([torch.nn.functional.cosine_similarity(k, r.to(k)[:, None, :], dim=-1)
+                        for k, r in zip(keys, ref)])
+
+
 @torch.no_grad()
 def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | None = None
                        ) -> torch.Tensor:
@@ -213,24 +232,19 @@ def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | Non
     ``[dk]`` is a fixed or random direction, e.g. for a null distribution), ``[L, H, V]``.
     ``rows [V, D]`` are the token embeddings by default; pass ``model.wpe.weight`` for
     positions. Keys of grouped key/value heads are repeated to their query heads."""
-    rows = (model.wte.weight if rows is None else rows).detach()
     ref = reference_vectors(model, reference)  # (L, H, dk)
-    out = []
-    for block, r in zip(model.blocks, ref):
-        attn = block.attn
-        keys = torch.einsum("vd,hde->hve", rows.to(attn.W_K), attn.W_K)  # (Hkv, V, dk)
-        keys = keys.repeat_interleave(attn.group_size, dim=0)  # (H, V, dk)
-        out.append(torch.nn.functional.cosine_similarity(keys, r.to(keys)[:, None, :], dim=-1))
-    return torch.stack(out)  # (L, H, V)
+    return _cosines(_static_keys(model, rows), ref)
 
 
 NULL_DIRECTIONS = 64
 """Random reference directions behind the static score's null band (:func:`alignment_scores`)."""
 
 
-def _static_score(model: GPT, reference, token_categories: torch.Tensor) -> tuple[float, dict]:
-    """The static-key structure score against ``reference`` and the mean cosine per category."""
-    cos = static_key_cosines(model, reference).mean((0, 1))  # (V,)
+def _static_score(keys: list[torch.Tensor], ref: torch.Tensor,
+                  token_categories: torch.Tensor) -> tuple[float, dict]:
+    """The static-key structure score of ``keys`` (:func:`_static_keys`) against ``ref
+    [L, H, dk]``, and the mean cosine per category."""
+    cos = _cosines(keys, ref).mean((0, 1))  # (V,)
     words = by_category(cos[None, :], token_categories[None, :])
     return structure_score(words).item(), {c.name.lower(): v.item() for c, v in words.items()}
 
@@ -256,9 +270,10 @@ def alignment_scores(model: GPT, idx: torch.Tensor, categories: torch.Tensor,
     token_categories = torch.as_tensor(token_categories)
     table = by_category(log_factors(model, idx, "effective"), categories)
     L, H, dk = model.config.n_layer, model.config.n_head, model.config.head_size
+    keys = _static_keys(model)  # computed once for every reference below
     generator = torch.Generator().manual_seed(0)
-    null = torch.tensor([_static_score(model, torch.randn(L, 1, dk, generator=generator,
-                                                          dtype=torch.float64).expand(L, H, dk),
+    null = torch.tensor([_static_score(keys, torch.randn(L, 1, dk, generator=generator,
+                                                         dtype=torch.float64).expand(L, H, dk),
                                        token_categories)[0]
                          for _ in range(NULL_DIRECTIONS)])
     low, high = torch.quantile(null, torch.tensor([0.025, 0.975], dtype=null.dtype)).tolist()
@@ -266,6 +281,6 @@ def alignment_scores(model: GPT, idx: torch.Tensor, categories: torch.Tensor,
               "static_by_category": None,
               "static_null": {"mean": null.mean().item(), "low": low, "high": high}}
     if model.config.symmetry_breaking is not None:
-        scores["static"], scores["static_by_category"] = _static_score(model, "mean",
-                                                                       token_categories)
+        scores["static"], scores["static_by_category"] = _static_score(
+            keys, reference_vectors(model, "mean"), token_categories)
     return scores

@@ -419,8 +419,7 @@ class ECD(Optimizer):
             velocity_rows = self._split(flat[dtype][:, start:stop], idx)
             per_member = [([w[r] for w in param_rows], [v[r] for v in velocity_rows])
                           for r in range(R)]
-            self._layout.append(_Slice(group, dtype, start, stop, idx, param_rows, velocity_rows,
-                                       per_member))
+            self._layout.append(_Slice(group, dtype, start, stop, idx, param_rows, per_member))
         # per-tensor: member r's segment of parameter j in flat[dtype].view(-1), member-major
         device = params[0].device
         sizes = {dtype: [params[j].numel() // R for j in idx]
@@ -881,8 +880,8 @@ class _Slice(NamedTuple):
     stop: int
     indices: list[int]  # the parameters' positions in ECD._params()
     param_rows: list[torch.Tensor]  # per parameter: its rows [R, n_j]
-    velocity_rows: list[torch.Tensor]  # per parameter: its velocity's rows [R, n_j]
-    per_member: list[tuple[list[torch.Tensor], list[torch.Tensor]]]  # per member r: both, [n_j]
+    # per member r: its parameter rows and velocity rows, [n_j] each
+    per_member: list[tuple[list[torch.Tensor], list[torch.Tensor]]]
 
 
 class _Units(NamedTuple):
