@@ -30,6 +30,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
+* no cell output on stderr: a warning or a log message (e.g. matplotlib's ``findfont`` when
+  its font cache is stale) is bookkeeping the reader should not see;
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
   the page loads twice: "Identifier ... has already been declared"), read from Chromium's log,
   nor a ``console.error`` call, an unhandled promise rejection or a resource that failed to
@@ -212,9 +214,12 @@ class StaticPage(HTMLParser):
         self.widget_views = 0   # embedded widget views: the embedder must render each
         self.interactive = 0    # gaugebook.interactive figures: each control must respond
         self.remote = []        # scripts and stylesheets on another host
+        self.stderr = 0         # cell outputs on stderr (warnings, log messages)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "div" and {"output", "stderr"} <= set(classes(attrs)):
+            self.stderr += 1
         if "math" in classes(attrs):
             self.math += 1
         if tag == "script" and a.get("type") == WIDGET_VIEW:
@@ -391,6 +396,9 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
     result = Result(page, static)
     for url in static.remote:
         result.failures.append(f"references {url} on another host (it cannot load offline)")
+    if static.stderr:
+        result.failures.append(f"{static.stderr} cell outputs on stderr (a warning or log "
+                               "message shown to readers: fix its cause)")
     start = time.monotonic()
     try:
         dom, log = render(chromium, f"{base_url}/{page}", budget_ms)

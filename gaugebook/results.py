@@ -26,9 +26,9 @@ import numpy as np
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "probe_standard_error",
-           "puzzle_gain_tests", "puzzle_gain_differences", "decide", "decisions", "t_interval",
-           "paired_gaps", "Correlation", "rank_correlation", "rank_correlation_difference",
-           "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "PairedProbes", "probe_mcnemar", "puzzle_gain_tests", "puzzle_gain_differences", "decide", "decisions", "t_interval",
+           "paired_gaps", "Correlation", "centred_by", "rank_correlation",
+           "rank_correlation_difference", "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -36,6 +36,8 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
 REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes",
             "optimizer_state_bytes", "n_params", "wall_s", "tokens", "tokens_per_s",
             "provenance")
+# probes: gaugebook.data.evaluate_probes of the trained model (per task "loss", "top1", "top5"
+# and, from 2026-12-05, "correct", each instance's top-1 hit);
 # alignment: gaugebook.interpret.alignment_scores of the trained model ({"in_context",
 # "static", "static_by_category", "static_null"}; files before 2026-12-05 have the first two),
 # or None where it does not apply; ways: how the run was trained from which step
@@ -351,6 +353,56 @@ def probe_standard_error(run: Run, score: str = "top1") -> float:
     return math.sqrt(float((p * (1 - p)).sum()) / run["config"]["probe_instances"]) / len(p)
 
 
+@dataclass(frozen=True)
+class PairedProbes:
+    """Two models' top-1 answers on the same ``n`` puzzle instances: ``gained`` instances the
+    first answers and the second misses, ``lost`` the reverse, and the exact two-sided McNemar
+    p-value ``p`` (under the null a discordant instance goes either way with probability 1/2)."""
+
+    gained: int
+    lost: int
+    n: int
+    p: float
+
+    @property
+    def gain(self) -> float:
+        """The first model's mean top-1 minus the second's, (gained - lost) / n."""
+        return (self.gained - self.lost) / self.n
+
+    def sentence(self) -> str:
+        return (f"{self.gained} gained and {self.lost} lost of {self.n:,} instances "
+                f"(gain {self.gain:+.3f}, McNemar p = {self.p:.2g})")
+
+
+def probe_mcnemar(probes: dict, reference: dict) -> PairedProbes:
+    """Paired test of two models' puzzle scores: ``probes`` and ``reference`` are
+    :func:`gaugebook.data.evaluate_probes` outputs (or result records' ``["probes"]``) for the
+    same instances (same ``n_per_task``, ``context`` and ``seed``). Each instance answered right
+    by one model only counts for it; with equal instances per task, ``gain`` is the difference
+    of the mean top-1 scores. Pairing removes what both models share (which instances are
+    hard), so it detects smaller differences than :func:`probe_standard_error`. ValueError when
+    a side lacks per-instance answers (result files before 2026-12-05) or the tasks differ."""
+    from scipy import stats
+
+    tasks = sorted(t for t in probes if t != "mean")
+    if tasks != sorted(t for t in reference if t != "mean"):
+        raise ValueError("the two were scored on different tasks")
+    gained = lost = n = 0
+    for task in tasks:
+        if "correct" not in probes[task] or "correct" not in reference[task]:
+            raise ValueError(f"{task}: no per-instance answers ('correct'); probes recorded "
+                             "before 2026-12-05 can only be compared with probe_standard_error")
+        a, b = probes[task]["correct"], reference[task]["correct"]
+        if len(a) != len(b):
+            raise ValueError(f"{task}: {len(a)} instances against {len(b)}: score both models "
+                             "with the same n_per_task")
+        gained += sum(x > y for x, y in zip(a, b))
+        lost += sum(x < y for x, y in zip(a, b))
+        n += len(a)
+    p = stats.binomtest(gained, gained + lost).pvalue if gained + lost else 1.0
+    return PairedProbes(gained, lost, n, float(p))
+
+
 def _gains_and_predictors(runs: list[Run]):
     """Each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
     (:func:`partner_pairs`), the three predictors of it (keyed as a sentence names them) and
@@ -514,6 +566,16 @@ def _weighted_rho(x, y, groups, ix, iy) -> np.ndarray:
     ok = ~np.isnan(rhos)  # (groups, draws)
     with np.errstate(invalid="ignore"):
         return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
+
+
+def centred_by(values, groups) -> np.ndarray:
+    """Each value minus the mean of its group, [n] -> [n]: e.g. runs centred by seed, when each
+    seed has its own validation text and the seeds' levels differ for that reason alone."""
+    values, groups = np.asarray(values, dtype=float), np.asarray(groups)
+    if values.shape != groups.shape or values.ndim != 1:
+        raise ValueError(f"need 1-D values and groups of one length, got shapes {values.shape} "
+                         f"and {groups.shape}")
+    return values - np.array([values[groups == g].mean() for g in groups])
 
 
 def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0) -> Correlation:

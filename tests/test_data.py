@@ -238,6 +238,7 @@ def test_probes_are_solvable_and_fresh(corpus, tok):
     for task in TASKS:
         assert scores[task]["top1"] == scores[task]["top5"] == 1.0, task
         assert scores[task]["loss"] < 1e-6
+        assert scores[task]["correct"] == "1" * 24  # each instance's top-1 hit, in order
     for task in TASKS:
         a, b = (corpus.probes(task, 8, context=context, seed=1) for _ in range(2))
         assert torch.equal(a.prompts, b.prompts) and torch.equal(a.answers, b.answers)
@@ -257,7 +258,7 @@ def test_probe_scores_at_chance(tok):
     assert uniform.training  # mode restored
     for task in TASKS:
         assert abs(scores[task]["loss"] - math.log(vocab)) < 1e-4
-        assert scores[task]["top1"] == 0.0
+        assert scores[task]["top1"] == 0.0 and scores[task]["correct"] == "0" * 16
     noisy = evaluate_probes(Constant(vocab, torch.Generator().manual_seed(0)), tok, n_per_task=16,
                             context=64)
     assert noisy["mean"]["top5"] < 0.02

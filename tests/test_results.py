@@ -428,3 +428,40 @@ def test_probe_standard_error_adds_the_tasks_binomial_errors():
            "probes": {"a": {"top1": 0.5}, "b": {"top1": 1.0}, "mean": {"top1": 0.75}}}
     assert probe_standard_error(run) == pytest.approx(0.025)
     assert probe_standard_error(run) < math.sqrt(0.75 * 0.25 / 200)
+
+
+def test_probe_mcnemar_counts_discordant_instances_and_matches_the_mean_gain():
+    """Task a: the model gains instances 1, 2 and loses 3; task b: it gains 0. Gain (3 - 1) / 8
+    equals the difference of the mean top-1 scores; the exact McNemar p-value is the two-sided
+    binomial one of 1 loss in 4 discordant instances, 0.625."""
+    from gaugebook.results import probe_mcnemar
+
+    def probes(correct):  # per-task strings of hits -> an evaluate_probes-shaped dict
+        tasks = {t: {"top1": c.count("1") / len(c), "correct": c} for t, c in correct.items()}
+        return {**tasks, "mean": {"top1": np.mean([v["top1"] for v in tasks.values()])}}
+
+    broken, partner = probes({"a": "0110", "b": "1000"}), probes({"a": "0001", "b": "0000"})
+    test = probe_mcnemar(broken, partner)
+    assert (test.gained, test.lost, test.n) == (3, 1, 8)
+    assert test.gain == pytest.approx(broken["mean"]["top1"] - partner["mean"]["top1"])
+    assert test.p == pytest.approx(0.625)
+    assert probe_mcnemar(broken, broken).p == 1.0  # no discordant instance
+    assert "McNemar p = 0.62" in test.sentence()
+    strong = probe_mcnemar(probes({"a": "1" * 20}), probes({"a": "0" * 20}))
+    assert strong.p == pytest.approx(2 * 0.5 ** 20)
+    with pytest.raises(ValueError, match="same n_per_task"):
+        probe_mcnemar(probes({"a": "01", "b": "10"}), partner)
+    with pytest.raises(ValueError, match="different tasks"):
+        probe_mcnemar(probes({"a": "0110"}), partner)
+    old = {"a": {"top1": 0.5}, "b": {"top1": 0.25}, "mean": {"top1": 0.375}}
+    with pytest.raises(ValueError, match="probe_standard_error"):
+        probe_mcnemar(old, partner)
+
+
+def test_centred_takes_out_each_groups_mean():
+    from gaugebook.results import centred_by
+
+    values, seeds = [1.0, 3.0, 10.0, 14.0, 5.0], [0, 0, 1, 1, 2]
+    np.testing.assert_allclose(centred_by(values, seeds), [-1, 1, -2, 2, 0])
+    with pytest.raises(ValueError, match="one length"):
+        centred_by(values, seeds[:-1])

@@ -18,8 +18,11 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
 
     The model is called as ``logits, _ = model(idx)`` with ``idx [b, context]``; the logits at the
     last position predict the first answer token. Returns, for each task and for their ``"mean"``,
-    ``{"loss": cross-entropy of the answer token, "top1": accuracy, "top5": accuracy}``.
-    ``context`` defaults to ``model.config.block_size``.
+    ``{"loss": cross-entropy of the answer token, "top1": accuracy, "top5": accuracy}``; each
+    task also gives ``"correct"``, its instances' top-1 hits in order as a string of 0s and 1s
+    (for a paired test of two models on the same instances,
+    :func:`gaugebook.results.probe_mcnemar`). ``context`` defaults to
+    ``model.config.block_size``.
     """
     if not isinstance(tokenizer, WordTokenizer):
         raise ValueError(f"the probes are written in the default corpus' words: pass a "
@@ -44,11 +47,13 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
             if logits.shape[-1] < tokenizer.vocab_size:
                 raise ValueError(f"the model has {logits.shape[-1]} logits, the tokenizer "
                                  f"{tokenizer.vocab_size} tokens")
-            top5 = logits.topk(5, dim=-1).indices
+            top5 = logits.topk(5, dim=-1).indices  # [n, 5]
+            hits = top5[:, 0] == answers  # [n]
             scores[task] = {
                 "loss": torch.nn.functional.cross_entropy(logits, answers).item(),
-                "top1": (top5[:, 0] == answers).float().mean().item(),
+                "top1": hits.float().mean().item(),
                 "top5": (top5 == answers[:, None]).any(dim=1).float().mean().item(),
+                "correct": "".join("01"[h] for h in hits.tolist()),
             }
     finally:
         model.train(was_training)
