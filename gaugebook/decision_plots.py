@@ -197,15 +197,15 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
     return fig
 
 
-def paired_deltas(runs: list[Run], arm: str, symmetry: str, key: str = "val_loss", *,
-                  baseline: str = "symmetric") -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """``{seed: (steps, delta)}``: broken minus ``baseline`` of ``history[key]`` for ``arm``,
+def paired_deltas(runs: list[Run], arm: str, symmetry: str,
+                  key: str = "val_loss") -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``{seed: (steps, delta)}``: broken minus symmetric of ``history[key]`` for ``arm``,
     paired by seed as the rule pairs them (:func:`~gaugebook.results.pairs_by_seed`), at the
     steps both runs of the pair recorded:
-    :math:`\\Delta_s(t) = L^{\\text{broken}}_s(t) - L^{\\text{baseline}}_s(t)`. The rule's
+    :math:`\\Delta_s(t) = L^{\\text{broken}}_s(t) - L^{\\text{symmetric}}_s(t)`. The rule's
     statistic is the mean of the last ``LAST_EVALUATIONS`` (5) of them."""
     out = {}
-    for seed, (broken, base) in pairs_by_seed(runs, arm, symmetry, baseline=baseline).items():
+    for seed, (broken, base) in pairs_by_seed(runs, arm, symmetry).items():
         steps = common_steps([broken, base])
         out[seed] = (np.asarray(steps), np.asarray([broken.at(t, key) - base.at(t, key)
                                                     for t in steps]))

@@ -241,9 +241,12 @@ def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
         complete = True
         for cfg in runs:
             result = results.get(cfg.name)
-            complete = complete and result is not None and not result["truncated"]
+            complete = (complete and result is not None
+                        and result["steps_done"] >= result["config"]["steps"])
             if result and result["steps_done"] > 0:
-                parts_at_once = len({part_of.get(n, part) for n in result["trained_with"]}) or 1
+                # older files (results/gpu/seed0) lack "trained_with": one part at once
+                cohort = result.get("trained_with") or [cfg.name]
+                parts_at_once = len({part_of.get(n, part) for n in cohort})
                 full = result["wall_s"] * result["config"]["steps"] / result["steps_done"]
                 per_part.append(full / parts_at_once)
         if not complete:
@@ -308,7 +311,9 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
         p.start()
     for p in procs:
         p.join()
-    failed = sorted(path.name for path in out.glob("*.error.json"))
+    # a worker's record of a failure (a success removes its run's): this call's runs only
+    failed = sorted(path.name for cfg in runs
+                    if (path := out / f"{cfg.name}.error.json").exists())
     if failed or any(p.exitcode for p in procs):
         raise RuntimeError(f"runs failed: {failed or 'a worker crashed'}")
 
@@ -346,6 +351,7 @@ def main(argv=None) -> None:
             print(f"{preset}: " + ", ".join(f"{part} ({len(runs)} runs)"
                                             for part, runs in parts.items()))
         return
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     try:
         runs = [override(cfg, args.set) for cfg in select_runs(args.preset, args.part)]
         check_distinct_names(runs)
@@ -353,6 +359,9 @@ def main(argv=None) -> None:
             cohorts(runs)  # refuses optimizers that do not batch, before any training
         if args.workers < 1 or args.data_workers < 0:
             raise ValueError("--workers must be >= 1 and --data-workers >= 0")
+        if distributed and (args.batched or args.workers > 1):
+            raise ValueError("under torchrun every process trains its share of each run in "
+                             "turn: drop --batched and --workers")
         if args.list:
             for cfg in runs:
                 print(cfg.name)
@@ -361,16 +370,14 @@ def main(argv=None) -> None:
         check_runs(runs, out, args.device, args.cuda_graphs)
     except ValueError as e:
         parser.error(str(e))
-    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+    if distributed:
         device = args.device
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)  # before the process group: NCCL binds to it
-        if args.batched:
-            parser.error("--batched trains in one process: do not start it under torchrun")
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
         for cfg in runs:
-            train(cfg, out, device)
+            train(cfg, out, device, data_workers=args.data_workers)
         dist.destroy_process_group()
         return
     run_many(runs, out, args.device, args.workers, batched=args.batched,

@@ -13,7 +13,8 @@ with :math:`g = \nabla F`: the geodesics of the metric :math:`(F - F_0)^{-2\kapp
 The energy :math:`E = |\pi|\,(F - F_0)^{\kappa}` of the ray's momentum :math:`\pi = |\pi|\,v`
 is conserved, so the ray never stops at a local minimum above :math:`F_0`. :class:`ECD` is the
 discretisation of the paper, with one buffer per parameter (the unit velocity ``v``): half the
-optimizer state of AdamW.
+optimizer state of AdamW (state: what :meth:`~torch.optim.Optimizer.state_dict` saves; on a
+CPU the fast path also keeps a gradient workspace of the parameters' size between steps).
 
 :func:`make_optimizer` builds ECD and the library baselines (AdamW, SGD with Nesterov momentum,
 Muon, SOAP) by name, for the experiment runner.
@@ -56,7 +57,9 @@ def ecd_kappa(eta: float, d: int) -> float:
 def ecd_dt(lr: float, eta: float) -> float:
     """``dt = lr / sqrt(eta)``: the arc-length step of ECD's map for the learning rate ``lr``.
     A step moves ``dt v - (lr^2/2) d/(d-1) g_perp/(F - F0)`` (the kicked velocity times
-    ``dt``), so at least ``dt``; ``steps x dt`` is the nominal path."""
+    ``dt``), so at least ``dt`` under the global projection, where ``g_perp`` is orthogonal to
+    the unit ``v`` (the per-tensor kick can shorten it); ``steps x dt`` is the nominal path, not
+    a bound on the distance travelled."""
     return lr / math.sqrt(eta)
 
 
@@ -107,7 +110,8 @@ class ECD(Optimizer):
             groups (the group's :math:`\Delta t` and :math:`\lambda`); ``eta``, ``F0``, ``nu``,
             ``projection`` and ``foreach`` are shared by all groups.
         lr: :math:`\gamma`; each step moves the parameters by :math:`\Delta t = \gamma/\sqrt\eta`
-            times the (nearly unit) velocity.
+            times the kicked velocity (:func:`ecd_dt`: at least unit length under the global
+            projection, longer near :math:`F_0`).
         eta: :math:`\eta > 0`, the concentration of the ergodic measure
             :math:`\propto (F - F_0)^{-\eta d/2}` at low loss.
         F0: :math:`F_0`, below every loss the run reaches. A step with :math:`F \le F_0` is
@@ -134,7 +138,8 @@ class ECD(Optimizer):
             torch's global generator at construction; under DDP rank 0's draws, broadcast).
         foreach: ``None`` or ``True`` (default): the fast path, on every device. The velocities
             of one dtype are views into one flat buffer ``[R, N]``, the gradients are copied into
-            one flat buffer per dtype for the step (a transient of the size of the parameters);
+            one flat buffer per dtype for the step (of the size of the parameters: a transient
+            on a GPU, kept between steps on a CPU, where a fresh one costs page faults);
             the partial dot products come in a few kernels whatever the number of tensors, and
             each member's kick, normalisation and drift are a few multi-tensor kernels with
             scalars computed on the host (off the CPU without chaos, on the device: below).
@@ -836,12 +841,15 @@ class ECD(Optimizer):
         if extra is None:
             raise ValueError("this state dict was not written by ECD (it has no 'ecd' entry): "
                              "an optimizer's state loads only into an optimizer of its kind")
+        R, states = self._R, extra["generators"]
+        if len(states) != R:
+            raise ValueError(f"this state is of {len(states)} stacked models, this optimizer "
+                             f"moves {R}: load it into an ECD built with members={len(states)}")
         super().load_state_dict(state_dict)
-        R, self._pending, self._units = self._R, None, None
+        self._pending, self._units = None, None
         steps, skipped = extra["steps"], extra["skipped_steps"]
         self._moved = list(steps) if isinstance(steps, list) else [int(steps)] * R
         self._skipped = list(skipped) if isinstance(skipped, list) else [int(skipped)] * R
-        states = extra.get("generators") or [extra["generator"]]  # older files: one generator
         for g, s in zip(self._generators, states):
             g.set_state(s.cpu())  # set_state takes CPU bytes
         params = self._params()

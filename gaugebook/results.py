@@ -45,9 +45,10 @@ REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes
 RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
                           "trained_with", "alignment", "ways")
 HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
-# path length (ECD: steps x dt; None for other optimizers), distance |theta - theta_0| from the
-# initial weights, skipped steps so far
+# path length (ECD: steps x dt, the nominal path; None for other optimizers), distance
+# |theta - theta_0| from the initial weights, skipped steps so far
 HISTORY_EXTRA = ("path_length", "distance", "skipped_steps")
+BASELINE = "symmetric"  # the symmetry that every broken run is compared with
 
 
 def find_results(relative: str | Path, *, extra_roots=()) -> Path:
@@ -133,23 +134,28 @@ class Run:
     def last_step(self) -> int | None:
         return self.history["step"][-1] if self.history["step"] else None
 
+    def _column(self, key: str) -> np.ndarray:
+        """``history[key]`` as floats (NaN where a value is not recorded: ``path_length`` of
+        a run that is not ECD's); ValueError naming this run's keys for another ``key``."""
+        if key not in self.history or key == "step":
+            raise ValueError(f"unknown history key {key!r}; valid keys: "
+                             f"{[k for k in self.history if k != 'step']}")
+        return np.array([np.nan if v is None else v for v in self.history[key]], dtype=float)
+
     def at(self, step: int, key: str = "val_loss") -> float:
         """The recorded ``history[key]`` at ``step`` (no interpolation: the step must be one
-        that the run recorded)."""
-        if key not in self.history or key == "step":
-            raise ValueError(f"unknown history key {key!r}; valid keys: {list(HISTORY_KEYS[1:])}")
+        that the run recorded; NaN where the run records no value)."""
+        values = self._column(key)
         try:
             i = self.history["step"].index(step)
         except ValueError:
             raise ValueError(f"{self.name} has no record at step {step}; recorded steps: "
                              f"{self.steps}") from None
-        return float(self.history[key][i])
+        return float(values[i])
 
     def curve(self, key: str = "val_loss") -> tuple[np.ndarray, np.ndarray]:
         """``(steps, values)`` of a history entry, as arrays for plotting."""
-        if key not in self.history or key == "step":
-            raise ValueError(f"unknown history key {key!r}; valid keys: {list(HISTORY_KEYS[1:])}")
-        return np.asarray(self.history["step"]), np.asarray(self.history[key], dtype=float)
+        return np.asarray(self.history["step"]), self._column(key)
 
 
 def load_runs(folder: str | Path) -> list[Run]:
@@ -220,20 +226,20 @@ def values_at(runs: list[Run], step: int | None = None, key: str = "val_loss") -
     return {r.name: r.at(step, key) for r in runs}
 
 
-def breaking_effects(runs: list[Run], key: str = "val_loss", *, baseline: str = "symmetric",
+def breaking_effects(runs: list[Run], key: str = "val_loss", *,
                      step: int | None = None) -> list[dict]:
-    """Effect of symmetry breaking at equal steps: for every run whose symmetry is not
-    ``baseline``, the difference ``broken - baseline`` of ``history[key]`` against the baseline
-    run with the same optimizer, activation and seed.
+    """Effect of symmetry breaking at equal steps: for every broken run, the difference
+    ``broken - symmetric`` of ``history[key]`` against the symmetric run with the same
+    optimizer, activation and seed.
 
     ``step=None`` uses, for each pair, the largest step both runs recorded. Returns records
     ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}`` (``optimizer``
     is the run's :attr:`Run.arm`, so tagged variants pair among themselves), sorted;
-    broken runs without a baseline partner are left out, and a broken run with several is an
+    broken runs without a symmetric partner are left out, and a broken run with several is an
     error (:func:`partner_pairs`).
     """
     out = []
-    for run, partner in partner_pairs(runs, baseline=baseline, skip_unpaired=True):
+    for run, partner in partner_pairs(runs, skip_unpaired=True):
         if step is None:
             shared = common_steps([run, partner])
             if not shared:
@@ -299,45 +305,42 @@ class Decision:
                 f"{per_seed})")
 
 
-def pairs_by_seed(runs: list[Run], arm: str, symmetry: str, *,
-                  baseline: str = "symmetric") -> dict[int, tuple[Run, Run]]:
-    """``{seed: (broken, baseline run)}`` for ``arm``: the pairs the pre-registered rule compares
-    (:func:`partner_pairs` of the arm's ``symmetry`` runs), sorted by seed; ValueError unless
-    every seed of ``symmetry`` has one ``baseline`` partner and the other way round, or when the
-    arm's runs mix activations (select one first)."""
-    mine = [r for r in runs if r.arm == arm and r.symmetry in (symmetry, baseline)]
+def pairs_by_seed(runs: list[Run], arm: str, symmetry: str) -> dict[int, tuple[Run, Run]]:
+    """``{seed: (broken, symmetric run)}`` for ``arm``: the pairs the pre-registered rule
+    compares (:func:`partner_pairs` of the arm's ``symmetry`` runs), sorted by seed; ValueError
+    unless every seed of ``symmetry`` has one symmetric partner and the other way round, or when
+    the arm's runs mix activations (select one first)."""
+    mine = [r for r in runs if r.arm == arm and r.symmetry in (symmetry, BASELINE)]
     activations = sorted({r.activation for r in mine})
     if len(activations) > 1:
         raise ValueError(f"{arm}: runs of several activations {activations} pair ambiguously; "
                          "select one first, e.g. select(runs, activation='prelu')")
     broken = sorted(r.seed for r in mine if r.symmetry == symmetry)
-    base = sorted(r.seed for r in mine if r.symmetry == baseline)
+    base = sorted(r.seed for r in mine if r.symmetry == BASELINE)
     if not broken or broken != base or len(set(broken)) < len(broken):
-        raise ValueError(f"{arm}: the seeds of {symmetry} {broken} and of {baseline} {base} "
+        raise ValueError(f"{arm}: the seeds of {symmetry} {broken} and of {BASELINE} {base} "
                          "do not pair one to one")
-    pairs = partner_pairs(mine, baseline=baseline)
+    pairs = partner_pairs(mine)
     return {b.seed: (b, partner) for b, partner in sorted(pairs, key=lambda p: p[0].seed)}
 
 
-def partner_pairs(runs: list[Run], *, baseline: str = "symmetric",
-                  skip_unpaired: bool = False) -> list[tuple[Run, Run]]:
-    """Every run that is not ``baseline`` with its ``baseline`` partner (same arm, activation
-    and seed): ``[(broken, partner)]`` in the order of ``runs``, for gains such as
+def partner_pairs(runs: list[Run], *, skip_unpaired: bool = False) -> list[tuple[Run, Run]]:
+    """Every broken run with its symmetric partner (same arm, activation and seed): ``[(broken, partner)]`` in the order of ``runs``, for gains such as
     ``score(broken) - score(partner)``. ValueError when a partner is not unique, or missing
     (unless ``skip_unpaired``: then that run is left out)."""
     partners: dict[tuple[str, str, int], list[Run]] = {}
     for r in runs:
-        if r.symmetry == baseline:
+        if r.symmetry == BASELINE:
             partners.setdefault((r.arm, r.activation, r.seed), []).append(r)
     pairs = []
     for r in runs:
-        if r.symmetry == baseline:
+        if r.symmetry == BASELINE:
             continue
         found = partners.get((r.arm, r.activation, r.seed), [])
         if not found and skip_unpaired:
             continue
         if len(found) != 1:
-            raise ValueError(f"{r.name}: {len(found)} {baseline} runs of arm {r.arm}, "
+            raise ValueError(f"{r.name}: {len(found)} {BASELINE} runs of arm {r.arm}, "
                              f"{r.activation}, seed {r.seed}; a gain needs exactly one partner")
         pairs.append((r, found[0]))
     return pairs
@@ -443,17 +446,17 @@ def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
             for name, x in predictors.items()}
 
 
-def decide(runs: list[Run], arm: str, symmetry: str, *, baseline: str = "symmetric",
+def decide(runs: list[Run], arm: str, symmetry: str, *,
            last: int = LAST_EVALUATIONS) -> Decision:
     """Apply the pre-registered rule to ``arm`` (e.g. ``"ecd-pt"``), ``symmetry`` against
-    ``baseline``, pairing runs by seed; ValueError when a run is truncated (stopped by its time
+    symmetric, pairing runs by seed; ValueError when a run is truncated (stopped by its time
     budget before its planned steps), a seed lacks its partner or fewer than two seeds pair (no
     interval)."""
-    cut = sorted(r.name for r in runs if r.arm == arm and r.symmetry in (symmetry, baseline)
+    cut = sorted(r.name for r in runs if r.arm == arm and r.symmetry in (symmetry, BASELINE)
                  and r.data.get("truncated"))
     if cut:
         raise ValueError(f"the rule decides on complete runs only; truncated: {cut} (rerun them)")
-    pairs = pairs_by_seed(runs, arm, symmetry, baseline=baseline)
+    pairs = pairs_by_seed(runs, arm, symmetry)
     if len(pairs) < 2:
         raise ValueError(f"{arm}, {symmetry}: one seed gives no interval; the rule needs >= 2")
     deltas = {s: final_statistic(broken, last) - final_statistic(base, last)
@@ -494,10 +497,10 @@ def paired_gaps(runs: list[Run], reference: list[Run], *,
             for s in sorted(mine)}
 
 
-def decisions(runs: list[Run], *, baseline: str = "symmetric") -> list[Decision]:
+def decisions(runs: list[Run]) -> list[Decision]:
     """:func:`decide` for every (arm, broken symmetry) present in ``runs``, sorted."""
-    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != baseline})
-    return [decide(runs, arm, symmetry, baseline=baseline) for arm, symmetry in pairs]
+    pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != BASELINE})
+    return [decide(runs, arm, symmetry) for arm, symmetry in pairs]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from gaugebook.gpt import ACTIVATIONS, GPTConfig
 from gaugebook.optim import OPTIMIZERS, PROJECTIONS
 
 __all__ = ["RunConfig", "SYMMETRIES", "PARTITIONS", "BATCHABLE_OPTIMIZERS", "EXECUTION_FIELDS",
-           "batch_key", "override"]
+           "MEMBER_FIELDS", "batch_key", "override"]
 
 SYMMETRIES = {"symmetric": None, "bq": "bq", "bqv": "bqv"}
 # ECD's per-tensor partition (optimizer_hp["partition"]): GPT-2's own tensors (the fused c_attn
@@ -32,6 +32,16 @@ MAX_TAG_LENGTH = 40
 #: same run's, so a run may be resumed compiled or not, with another time budget or checkpoint
 #: cadence (a result cut by its time budget, though, is taken up only with the same budget).
 EXECUTION_FIELDS = ("compile", "max_wall_s", "checkpoint_every")
+#: The settings each member of a batched model has for its own; runs trained as one batched
+#: model share every other setting (:func:`batch_key`).
+MEMBER_FIELDS = ("seed", "symmetry", "mu_v", "prelu_init", "tag")
+# ECD's settings that the trainer derives from the run (key: the control to use instead)
+TRAINER_OWNED = {
+    "fused": "fused follows compile (set compile=true or false)",
+    "chaos_seeds": "chaos_seeds come from seed",
+    "members": "members is the number of runs trained at once (--batched)",
+    "blocks": "blocks come from optimizer_hp.partition",
+}
 # The settings of the model that RunConfig passes on to GPTConfig, which validates them.
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "n_kv_head", "bias", "rope",
                 "activation", "mu_v", "prelu_init")
@@ -117,6 +127,10 @@ class RunConfig:
 
     def _check_trainer_hp(self) -> None:
         hp = self.optimizer_hp
+        owned = [TRAINER_OWNED[k] for k in hp if k in TRAINER_OWNED]
+        if owned:
+            raise ValueError("the trainer sets these optimizer settings itself: "
+                             + "; ".join(owned))
         if self.optimizer == "ecd":
             projection = hp.get("projection", "global")
             if projection not in PROJECTIONS:
@@ -146,10 +160,8 @@ class RunConfig:
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The :class:`~gaugebook.gpt.GPTConfig` of this run's model."""
-        return GPTConfig(vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd,
-                         n_kv_head=self.n_kv_head, bias=self.bias, rope=self.rope,
-                         activation=self.activation, symmetry_breaking=SYMMETRIES[self.symmetry],
-                         mu_v=self.mu_v, prelu_init=self.prelu_init)
+        return GPTConfig(vocab_size, symmetry_breaking=SYMMETRIES[self.symmetry],
+                         **{k: getattr(self, k) for k in MODEL_FIELDS})
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
@@ -161,12 +173,12 @@ class RunConfig:
 
 
 def batch_key(cfg: RunConfig) -> tuple:
-    """What runs trained as one batched model must share: everything but the seed, the
-    symmetry, the value-bias mean, the PReLU initialisation and the tag (each member has its
-    own). Runs with equal keys have parameters of equal shapes and one optimizer setting."""
-    own = {"seed", "symmetry", "mu_v", "prelu_init", "tag"}
+    """What runs trained as one batched model must share: everything but
+    :data:`MEMBER_FIELDS`. Runs with equal keys have parameters of equal shapes and one
+    optimizer setting."""
     values = dataclasses.asdict(cfg)
-    return tuple((k, json.dumps(values[k], sort_keys=True)) for k in sorted(values) if k not in own)
+    return tuple((k, json.dumps(values[k], sort_keys=True)) for k in sorted(values)
+                 if k not in MEMBER_FIELDS)
 
 
 def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:

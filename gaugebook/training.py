@@ -48,8 +48,9 @@ from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
 from gaugebook.interpret import alignment_scores
 from gaugebook.optim import ecd_dt, make_optimizer
-from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
-from gaugebook.run_config import BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, RunConfig, batch_key
+from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS, Run
+from gaugebook.run_config import (BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, MEMBER_FIELDS,
+                                  RunConfig, batch_key)
 from gaugebook.step_graph import CapturedStep
 
 __all__ = ["train", "train_batched", "cohorts", "check_runs", "check_distinct_names", "provenance",
@@ -171,12 +172,9 @@ def _as_json(config: dict) -> dict:
     return json.loads(json.dumps(config))
 
 
-def _check_same_config(cfg: RunConfig, stored: dict | None, path: Path) -> None:
+def _check_same_config(cfg: RunConfig, stored: dict, path: Path) -> None:
     """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
-    configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ); ``stored``
-    ``None`` (a checkpoint from before configs were saved) passes."""
-    if stored is None:
-        return
+    configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ)."""
     expected = _as_json(dataclasses.asdict(cfg))
     stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
     differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here" for k in sorted(expected)
@@ -769,11 +767,13 @@ def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
         if path.exists():
             try:
                 result = json.loads(path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                Run.from_dict(result, path)  # the schema's checks: not a result record
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError,
+                    KeyError, AttributeError) as error:
                 _set_aside(path, error)
                 continue
-            _check_same_config(cfg, result.get("config"), path)
-            budget = (result.get("config") or {}).get("max_wall_s")
+            _check_same_config(cfg, result["config"], path)
+            budget = result["config"].get("max_wall_s")
             if result.get("truncated") and budget != cfg.max_wall_s:
                 raise ValueError(f"{path} holds run {cfg.name} cut at step {result['steps_done']} "
                                  f"by max_wall_s={budget}, not {cfg.max_wall_s}: delete it to "
@@ -891,8 +891,8 @@ def train_batched(cfgs: list[RunConfig], out: Path, device: torch.device | str =
     keys = [dict(batch_key(c)) for c in cfgs]
     differing = sorted(k for k in keys[0] if any(key[k] != keys[0][k] for key in keys))
     if differing:
-        raise ValueError(f"runs of one batched model must share everything but seed, symmetry, "
-                         f"mu_v, prelu_init and tag; these differ: {differing}")
+        raise ValueError(f"runs of one batched model must share everything but "
+                         f"{', '.join(MEMBER_FIELDS)}; these differ: {differing}")
     if _rank_world()[1] > 1:
         raise ValueError("--batched runs in one process: do not start it under torchrun")
     return _train(cfgs, Path(out), device, True, position=position, stop_after=stop_after,

@@ -331,6 +331,18 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
     assert plan_parts("paper", [tmp_path, later], 440, at_least_one=False) == []  # 800 s
 
 
+def test_plan_parts_reads_the_recorded_files_that_predate_optional_keys():
+    """results/gpu/seed0 predates "trained_with" (optional in the schema): its
+    runs stopped at their time budget, so the part is planned again, each run one part."""
+    from gaugebook.experiment import plan_parts
+    from gaugebook.results import find_results
+
+    folder = find_results("results/gpu/seed0")
+    old = json.loads(next(folder.glob("*.json")).read_text())
+    assert "trained_with" not in old and old["truncated"]
+    assert plan_parts("gpu", folder, 600) == ["seed0"]
+
+
 def test_grid_benchmark_times_the_optimizer_steps_of_each_projection(tmp_path, bench_grid):
     """`bench_grid.py --steps-only` on the seed-0 parts (its default) times one ECD step per
     projection, alone and with the largest cohort stacked, against fused AdamW's, and records

@@ -654,6 +654,23 @@ def test_contract_errors():
         opt.load_state_dict(adamw.state_dict())
 
 
+def test_a_state_of_another_number_of_members_is_refused():
+    def stepped(R):
+        w = torch.nn.Parameter(torch.randn(R, 5, dtype=torch.float64))
+        opt = ECD([w], lr=0.1, eta=2.0, F0=-1.0, members=R, chaos_seeds=list(range(R)))
+
+        def closure():
+            opt.zero_grad()
+            loss = (w ** 2).sum(1)
+            loss.sum().backward()
+            return loss
+        opt.step(closure)
+        return opt
+
+    with pytest.raises(ValueError, match="state is of 3 stacked models.*members=3"):
+        stepped(2).load_state_dict(stepped(3).state_dict())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("R", [1, 3])
 def test_segmented_dot_products_equal_one_dot_per_segment(dtype, R, monkeypatch):

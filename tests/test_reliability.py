@@ -74,10 +74,13 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_run_restarts(tmp_path, conten
     assert (tmp_path / "cut" / "checkpoints" / f"{cfg.name}.pt.corrupt").exists()
 
 
-def test_a_truncated_result_is_set_aside_and_retrained(tmp_path):
+@pytest.mark.parametrize("content", ['{"name": "adamw-bqv',  # cut while written
+                                     '{"name": "adamw-bqv-prelu-s0", "note": "no config"}',
+                                     "[1, 2]"])
+def test_an_unreadable_result_is_set_aside_and_retrained(tmp_path, content):
     cfg = tiny()
     path = tmp_path / f"{cfg.name}.json"
-    path.write_text('{"name": "adamw-bqv')
+    path.write_text(content)
     with pytest.warns(RuntimeWarning, match="unreadable"):
         result = train(cfg, tmp_path, progress=False)
     assert json.loads(path.read_text())["name"] == result["name"]
@@ -229,3 +232,33 @@ def test_two_concurrent_runners_with_different_settings(tmp_path):
     assert json.loads((tmp_path / "adamw-bqv-prelu-s0.json").read_text())["config"]["steps"] == 400
     with pytest.raises(ValueError, match="other settings"):  # and afterwards it is refused
         train(tiny(steps=8), tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("key, value, fix", [("fused", False, "follows compile"),
+                                             ("chaos_seeds", [1], "come from seed"),
+                                             ("members", 2, "--batched"),
+                                             ("blocks", [], "optimizer_hp.partition")])
+def test_optimizer_settings_the_trainer_owns_are_refused_before_training(key, value, fix):
+    """Set by hand they would collide with the trainer's own (a TypeError once training
+    started); the message names the control to use."""
+    hp = dict(lr=1.0, eta=100.0, F0=1.0, **{key: value})
+    with pytest.raises(ValueError, match=f"trainer sets .*{fix}"):
+        tiny(optimizer="ecd", optimizer_hp=hp)
+
+
+def test_concurrent_workers_report_only_this_calls_failures(tmp_path):
+    """Two worker processes train two runs; another run's error file, left by an earlier call,
+    is not this call's failure."""
+    from gaugebook.experiment import run_many
+
+    (tmp_path / "some-other-run.error.json").write_text('{"error": "from an earlier call"}')
+    runs = [tiny(steps=2, eval_every=2, seed=s) for s in (0, 1)]
+    run_many(runs, tmp_path, "cpu", workers=2)
+    assert all((tmp_path / f"{cfg.name}.json").exists() for cfg in runs)
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["--batched"]])
+def test_torchrun_refuses_options_it_cannot_honour(capsys, monkeypatch, tmp_path, option):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path), *option)
+    assert "under torchrun" in err and "drop --batched and --workers" in err

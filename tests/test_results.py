@@ -55,8 +55,12 @@ def test_load_sorts_and_reads_fields(grid):
     assert list(steps) == [100, 200] and list(values) == [0.1, 0.1]
     with pytest.raises(ValueError, match="recorded steps"):
         ecd.at(300)
-    with pytest.raises(ValueError, match="unknown history key"):
+    with pytest.raises(ValueError, match=r"unknown history key 'loss'; valid keys: .*'J_VO'"):
         ecd.at(100, "loss")
+    ecd.history["path_length"] = [None, None]  # recorded for ECD's runs only
+    assert math.isnan(ecd.at(100, "path_length")) and np.isnan(ecd.curve("path_length")[1]).all()
+    with pytest.raises(ValueError, match="'path_length'"):  # this run's keys, extras included
+        ecd.at(100, "distance")
 
 
 def test_select_accepts_several_values(grid):
