@@ -35,6 +35,12 @@ VENDOR_STAMP := $(VENDOR)/.installed
 MATHJAX := node_modules/mathjax/es5
 WIDGETS := node_modules/@jupyter-widgets/html-manager/dist
 
+# matplotlib's own configuration and font cache for every command here: a cache that another
+# matplotlib wrote (it is shared per user, keyed by a version that releases share) can lack this
+# one's bundled fonts, and then figures set their math in a fallback font and every page prints
+# "findfont" warnings.
+export MPLCONFIGDIR := $(CURDIR)/$(VENV)/mplconfig
+
 # Two workers on two cores: one BLAS thread each, or the notebooks fight over the cores.
 PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 

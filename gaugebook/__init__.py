@@ -20,12 +20,15 @@ Training and breaking:
 * :mod:`~gaugebook.breaking`: the unlearned, batch-resampled query/value biases
 * :mod:`~gaugebook.mechanics`: Noether charges and gradient-flow invariants
 * :mod:`~gaugebook.optim`: Energy Conserving Descent and the baseline optimizers
+* :mod:`~gaugebook.ecd_kernels`: ECD's device step as two fused Triton kernels
 * :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
 * :mod:`~gaugebook.run_config`: what defines one training run, and which runs batch together
 * :mod:`~gaugebook.training`: the trainer: one run, or several as one batched model
+* :mod:`~gaugebook.step_graph`: a whole training step captured once as a CUDA graph, replayed
 * :mod:`~gaugebook.fitting`: the chapters' short training loop (any optimizer, ECD included)
 * :mod:`~gaugebook.experiment`: the presets and the command-line runner
 * :mod:`~gaugebook.results`: loading and comparing result files at equal steps
+* :mod:`~gaugebook.decision_plots`: the decisive experiment's seed bands and decision table
 * :mod:`~gaugebook.interpret`: the query-offset factor and key alignment by token category
 * :mod:`~gaugebook.moe`: a top-k mixture-of-experts layer and its symmetries
 * :mod:`~gaugebook.sharpness`: Hessian sharpness and its minimum over the gauge orbit
@@ -38,6 +41,9 @@ Book helpers:
 
 * :mod:`~gaugebook.plots`: the shared figure style (readable in print, colour-blind safe)
 * :mod:`~gaugebook.widgets`: interactive explorers, each with a static fallback
+* :mod:`~gaugebook.interactive`: interactive figures without a kernel (precomputed frames)
+* :mod:`~gaugebook.explorers`: the precomputed interactive figures of chapters 5, 15 and 16
+* :mod:`~gaugebook.diagrams`: the book's schematic diagrams, drawn by code
 * :mod:`~gaugebook.notebook`: helpers for the notebooks (Colab and plain Jupyter too)
 * :mod:`~gaugebook.checks`: validation of scalar settings, one wording for every module
 """

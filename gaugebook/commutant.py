@@ -37,6 +37,14 @@ class Commutant:
     def dimension(self) -> int:
         return self.basis.shape[0]
 
+    @property
+    def freedom(self) -> torch.Tensor:
+        """How free each entry is, ``[d, d]``: ``sum_k B_k[i, j]^2`` over the orthonormal basis,
+        the squared length of the unit matrix ``E_ij`` projected onto the commutant: 1 for an
+        entry that varies alone, 1/2 for one tied to another (the ``a I + b J`` of a rotation
+        plane), 0 for an entry that must vanish. The entries sum to the dimension."""
+        return (self.basis ** 2).sum(0)
+
     def __str__(self) -> str:
         d = self.basis.shape[-1]
         return (f"commutant of dimension {self.dimension} in gl({d}) (dimension {d * d}), "

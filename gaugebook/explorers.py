@@ -42,13 +42,16 @@ def rope_commutant(frequencies, *, positions=(1.0, 2.0, 3.0)):
 
 def _commutant_frame(theta1: float, theta2: float) -> str:
     C = rope_commutant([theta1, theta2])
-    support = C.basis.abs().sum(0) > 1e-9  # (d, d): entries some surviving generator uses
-    fig = Figure(figsize=(3.6, 3.2), layout="constrained")
+    order = [0, 2, 1, 3]  # plane by plane: rotate() pairs coordinate i with i + d/2
+    freedom = C.freedom[order][:, order]  # (d, d)
+    fig = Figure(figsize=(4.0, 3.2), layout="constrained")
     ax = fig.subplots()
-    ax.imshow(support.numpy(), cmap="Blues", vmin=0, vmax=1.4)
-    labels = ["1a", "2a", "1b", "2b"]  # rotate() pairs coordinate i with i + d/2
+    image = ax.imshow(freedom.numpy(), cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, label="freedom of the entry")
+    labels = ["1a", "1b", "2a", "2b"]
     ax.set(xticks=range(4), yticks=range(4), xticklabels=labels, yticklabels=labels,
-           title=f"theta = ({theta1:g}, {theta2:g}): dimension {C.dimension}")
+           title=rf"$\theta = ({theta1:g}, {theta2:g})$: dimension {C.dimension}")
+    ax.grid(False)
     ax.set_xlabel("column (plane, coordinate)")
     return figure_html(fig, alt=f"Entries of the commutant for frequencies {theta1:g} and "
                                 f"{theta2:g}: dimension {C.dimension} of 16.")
@@ -83,8 +86,8 @@ def _ecd_frame(eta: float, F0: float) -> str:
     ax.plot(x[:, 0], x[:, 1], "-", color=PALETTE[0], linewidth=0.8)
     ax.plot(x[0, 0], x[0, 1], "o", color="black")
     ax.plot(x[-1, 0], x[-1, 1], "s", color=PALETTE[3])
-    ax.set(xlim=(-2, 2), ylim=(-2, 2), aspect="equal", xlabel="x_1", ylabel="x_2",
-           title=f"eta = {eta:g}, F0 = {F0:g}: final F = {path.F[-1].item():.2f}")
+    ax.set(xlim=(-2, 2), ylim=(-2, 2), aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
+           title=rf"$\eta = {eta:g}$, $F_0 = {F0:g}$: final $F = {path.F[-1].item():.2f}$")
     return figure_html(fig, alt=f"ECD path on the four-well landscape, eta {eta:g}, F0 {F0:g}, "
                                 f"ending at ({x[-1, 0]:.2f}, {x[-1, 1]:.2f}).")
 
@@ -110,8 +113,9 @@ def _bias_frame(layer: MultiHeadAttention, x: torch.Tensor, angle: float,
     ax = fig.subplots()
     image = ax.imshow(A.detach().numpy(), cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(image, ax=ax, label="attention weight")
-    ax.set(xlabel="key position j", ylabel="query position t",
-           title=f"b at {angle:g} deg, |b| = {length:g}")
+    ax.grid(False)
+    ax.set(xlabel="key position $j$", ylabel="query position $t$",
+           title=rf"$b$ at {angle:g}°, $|b| = {length:g}$")
     return figure_html(fig, alt=f"Attention pattern under a query shift at {angle:g} degrees "
                                 f"of length {length:g}.")
 

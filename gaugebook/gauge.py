@@ -12,7 +12,7 @@ head ``h`` (``g(h) = h`` in MHA), the primitives are
   ``W_V[g] -> W_V[g] N_g``, ``b_V[g] -> b_V[g] N_g``, ``W_O[h] -> N_{g(h)}^{-1} W_O[h]``.
 * :class:`HeadPermutation` ``perm [n_heads]``: head ``i`` of the result is head ``perm[i]`` of the
   input. Under GQA it must carry whole key/value groups to whole groups (the wreath product
-  ``S_G \wr S_{n_kv}``); the key/value heads follow.
+  :math:`S_G \wr S_{n_{kv}}`); the key/value heads follow.
 * :class:`KeyBiasShift` ``t [n_kv, d_head]``: ``b_K -> b_K + t``. Without RoPE, ``q_t (b_K + t)^T``
   is the same for every key position and cancels in the softmax.
 * :class:`ValueBiasShift` ``t [n_kv, d_value]``: ``b_V -> b_V + t``,

@@ -4,9 +4,9 @@ r"""Toy loss landscapes and the simple integrators that the book runs on them (c
 
 * :func:`rosenbrock`: ``(a - x_1)^2 + b (x_2 - x_1^2)^2``, a curved valley, minimum 0 at
   ``(a, a^2)``.
-* :func:`multiwell`: ``(x_1^2 - 1)^2 + (x_2^2 - 1)^2 + c \cdot x``, four wells near
-  ``(\pm 1, \pm 1)``; the tilt ``c`` makes them unequal.
-* :func:`sombrero`: ``(|x|^2 - 1)^2 + c \cdot x``, the Mexican hat: rotationally symmetric for
+* :func:`multiwell`: :math:`(x_1^2 - 1)^2 + (x_2^2 - 1)^2 + c \cdot x`, four wells near
+  :math:`(\pm 1, \pm 1)`; the tilt ``c`` makes them unequal.
+* :func:`sombrero`: :math:`(|x|^2 - 1)^2 + c \cdot x`, the Mexican hat: rotationally symmetric for
   ``c = 0``, its brim tilted otherwise.
 
 **Integrators** move lists of float64 tensors ``theta`` (and momenta ``p``) out of place; the

@@ -142,7 +142,7 @@ def _top_algebraic(apply: Callable, v0: torch.Tensor, rtol: float,
 def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rtol: float = 1e-10,
                    v0: torch.Tensor | None = None,
                    generator: torch.Generator | None = None) -> TopEigen:
-    r"""The eigenvalue of largest magnitude of ``H = \nabla^2 f(theta)`` by power iteration.
+    r"""The eigenvalue of largest magnitude of :math:`H = \nabla^2 f(\theta)` by power iteration.
 
     Stops when the Rayleigh quotient changes by at most ``rtol`` (relative) between iterations;
     ``v0`` warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
@@ -167,7 +167,7 @@ def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
                      generator: torch.Generator | None = None) -> TraceEstimate:
     r"""Hutchinson's estimator ``tr H = E[z^T H z]``, ``z`` with independent entries ``+-1``.
 
-    Its variance is ``2 (\|H\|_F^2 - \sum_i H_{ii}^2) / n_samples``.
+    Its variance is :math:`2 (\|H\|_F^2 - \sum_i H_{ii}^2) / n`, with :math:`n` = ``n_samples``.
     """
     if n_samples < 2:
         raise ValueError(f"n_samples must be at least 2, got {n_samples}")

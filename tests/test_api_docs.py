@@ -45,6 +45,13 @@ def test_one_page_per_public_module():
         assert f".. automodule:: gaugebook.{name}\n" in (API / f"{name}.md").read_text()
 
 
+def test_the_package_docstring_lists_every_module():
+    """The API index shows the package docstring: its module list is the reader's map."""
+    listed = set(re.findall(r":mod:`~gaugebook\.(\w+)`", gaugebook.__doc__))
+    assert listed == set(MODULES), (f"missing: {set(MODULES) - listed}, "
+                                    f"extra: {listed - set(MODULES)}")
+
+
 def test_the_table_of_contents_lists_the_appendix():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     appendices = next(p for p in toc["parts"] if p["caption"] == "Appendices")["chapters"]

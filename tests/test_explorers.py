@@ -1,6 +1,7 @@
 """gaugebook.explorers: the chapters' precomputed interactive figures cover their grids, every
 frame differs, and the RoPE commutant has the dimensions the algebra predicts."""
 import pytest
+import torch
 
 from gaugebook.explorers import (bias_attention_explorer, ecd_explorer, rope_commutant,
                                  rope_commutant_explorer)
@@ -13,7 +14,22 @@ from gaugebook.explorers import (bias_attention_explorer, ecd_explorer, rope_com
     ([1.0, 0.5], 4),   # distinct frequencies: C + C
 ])
 def test_rope_commutant_dimension(frequencies, dimension):
-    assert rope_commutant(frequencies).dimension == dimension
+    C = rope_commutant(frequencies)
+    assert C.dimension == dimension
+    assert C.freedom.sum().item() == pytest.approx(dimension)  # the explorer's frames show it
+
+
+def test_freedom_tells_a_free_block_from_a_rotation_plane():
+    """Theta = (0, 1): the still plane (coordinates 0, 2) is a free 2 x 2 block (freedom 1),
+    the turning plane (1, 3) is a I + b J (each entry tied to another: 1/2); no entry mixes
+    the planes (0). Equal dimensions would look alike without it (16 and 8 are both full)."""
+    freedom = rope_commutant([0.0, 1.0]).freedom
+    still, turning = [0, 2], [1, 3]
+    assert torch.allclose(freedom[still][:, still], torch.ones(2, 2, dtype=freedom.dtype))
+    assert torch.allclose(freedom[turning][:, turning], torch.full((2, 2), 0.5,
+                                                                   dtype=freedom.dtype))
+    assert freedom[still][:, turning].abs().max() < 1e-12
+    assert rope_commutant([1.0, 1.0]).freedom.max() == pytest.approx(0.5)  # gl(2, C)
 
 
 @pytest.mark.parametrize("make, n_frames", [

@@ -5,6 +5,8 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 
 - no visible cell calls ``glue(`` (gluing is bookkeeping),
 - no visible code line is wider than 88 characters (it would scroll sideways),
+- no line of code shown in a fence of a markdown cell or page (``book/*.md``), such as an
+  exercise's solution, is wider than 88 characters either,
 - no visible cell is longer than 45 lines (normally they are <= 25),
 - no notebook defines its own ``html_table`` (``gaugebook.notebook.html_table`` is the one),
 - every chapter's set-up (import) cell is hidden,
@@ -43,6 +45,35 @@ def source(cell: dict) -> str:
     return "".join(cell["source"])
 
 
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+CODE_FENCE = re.compile(r"python|bash|sh|console|text|ipython3?|\{code-block\}|\{code-cell\}")
+
+
+def markdown_texts(path: Path) -> list[str]:
+    """A page's text, or the sources of a notebook's markdown cells."""
+    if path.suffix == ".md":
+        return [path.read_text()]
+    return [source(c) for c in json.loads(path.read_text())["cells"]
+            if c["cell_type"] == "markdown"]
+
+
+def fenced_code(text: str) -> list[str]:
+    """The lines inside the code fences of a MyST text. A fence is code when it is bare or names
+    a language, ``{code-block}`` or ``{code-cell}``; the fence of another directive (such as
+    ``{solution}`` or ``{admonition}``) is not, but it may hold code fences."""
+    lines, stack = [], []  # stack: (fence, is_code) of every open fence
+    for line in text.split("\n"):
+        if m := FENCE.match(line):
+            fence, info = m.group(1), m.group(2).strip()
+            if stack and not info and fence == stack[-1][0]:
+                stack.pop()
+            else:
+                stack.append((fence, not info or bool(CODE_FENCE.match(info))))
+        elif stack and stack[-1][1]:
+            lines.append(line)
+    return lines
+
+
 def visible(cell: dict) -> bool:
     return not HIDDEN_TAGS & set(cell.get("metadata", {}).get("tags", []))
 
@@ -79,6 +110,17 @@ def test_no_visible_line_wider_than_88():
                 for line in source(c).splitlines() if len(line) > MAX_COLUMNS]
 
     assert offenders(wide) == []
+
+
+def test_no_fenced_code_line_wider_than_88():
+    sample = "````{solution} x\n:class: dropdown\n\n```python\nx = 1\n```\nprose\n````\n"
+    assert fenced_code(sample) == ["x = 1"]
+    pages = [*NOTEBOOKS, *sorted(BOOK.glob("*.md"))]
+    shown = {p: [line for text in markdown_texts(p) for line in fenced_code(text)] for p in pages}
+    assert sum(map(len, shown.values())) > 0  # the parser finds the solutions' code
+    wide = [f"{p.name}: {line[:40]}... ({len(line)})" for p, lines in shown.items()
+            for line in lines if len(line) > MAX_COLUMNS]
+    assert wide == []
 
 
 def test_no_visible_cell_longer_than_45_lines():
