@@ -1,8 +1,11 @@
 """ECD step time of the working tree against an earlier commit's ECD, and fused AdamW, in one run.
 
 The earlier ``gaugebook/optim.py`` is read with ``git show`` (or from ``--old-file``, a copy made
-where git is available) and loaded as a separate module (it imports only torch), so both versions
-step the same model with the same gradients in one process. Each number is the median of
+where git is available) and loaded as a separate module, so both versions step the same model
+with the same gradients in one process. Only that file is the earlier one: what it imports from
+``gaugebook`` (since 5 December: ``ecd_kernels``, ``checks``) comes from the working tree, so
+the old fused path runs this tree's kernels; compare operator paths (``fused=False``) across
+commits, or kernels within one tree. Each number is the median of
 ``--reps`` steps after three untimed ones. ``--projection per_tensor`` partitions as the preset
 ``paper`` does (GPT-2's tensors); ``--members R`` steps R stacked models, as a batched cohort
 does (AdamW then steps the stacked parameters). ``--tiny`` keeps the model's 6 layers and 6 heads

@@ -34,9 +34,9 @@ from torch.func import stack_module_state
 from gaugebook.data import DefaultCorpus
 from gaugebook.experiment import override, run_many, select_runs
 from gaugebook.gpt import GPT
-from gaugebook.optim import ECD, make_optimizer
+from gaugebook.optim import make_optimizer
 from gaugebook.step_graph import CapturedStep
-from gaugebook.training import cohorts, optimizer_state_bytes, provenance
+from gaugebook.training import build_optimizer, cohorts, optimizer_state_bytes, provenance
 
 from bench_training import median_call_seconds, median_step_seconds
 
@@ -87,11 +87,9 @@ def step_times(cfg, device: torch.device, members: int, reps: int) -> dict:
     for p in named.values():
         p.grad = 1e-3 * torch.randn_like(p)
     loss = torch.full((members,) if members > 1 else (), 5.0, device=device)
-    hp = {k: v for k, v in cfg.optimizer_hp.items() if k != "partition"}
-    if cfg.optimizer_hp.get("partition") == "gpt2":
-        hp["blocks"] = [[named[n] for n in group] for group in models[0].gpt2_tensors()]
-    ecd = {fused: ECD(list(named.values()), members=members if members > 1 else None,
-                      fused=fused, **hp) for fused in (None, False)}
+    ecd = {fused: build_optimizer(cfg, models[0], named, fused=fused,
+                                  members=members if members > 1 else None)
+           for fused in (None, False)}  # as the trainer builds it
     adamw = make_optimizer("adamw", list(named.values()), lr=1e-4)
     out = {"members": members, "projection": cfg.optimizer_hp.get("projection", "global"),
            "ecd_step_s": median_step_seconds(ecd[None], loss, device, reps),

@@ -19,7 +19,8 @@ Training and breaking:
 * :mod:`~gaugebook.gpt`: a reduced GPT-2 whose attention keeps per-head weights
 * :mod:`~gaugebook.breaking`: the unlearned, batch-resampled query/value biases
 * :mod:`~gaugebook.mechanics`: Noether charges and gradient-flow invariants
-* :mod:`~gaugebook.optim`: Energy Conserving Descent and the baseline optimizers
+* :mod:`~gaugebook.optim`: Energy Conserving Descent, and every optimizer by name
+* :mod:`~gaugebook.baselines`: the baselines: AdamW, SGD with momentum, Muon, SOAP
 * :mod:`~gaugebook.ecd_kernels`: ECD's device step as two fused Triton kernels
 * :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
 * :mod:`~gaugebook.run_config`: what defines one training run, and which runs batch together

@@ -433,7 +433,7 @@ def ecd_level_set_diagram() -> Figure:
     level sets of :math:`F`."""
     fig, ax = _canvas()
     centre, (a, b) = np.array([6.6, 2.0]), (1.25, 0.8)
-    for r in (0.7, 1.4, 2.1, 2.8):
+    for r in (0.6, 1.2, 1.8, 2.4):  # the outermost inside the canvas
         ax.add_patch(Ellipse(centre, 2 * r * a, 2 * r * b, fc="none", ec=SKY, lw=1))
     _label(ax, 9.3, 4.3, r"level sets of $F$", SKY, 9)
     t = np.linspace(0, 1, 80)
@@ -454,7 +454,7 @@ def ecd_level_set_diagram() -> Figure:
         tip = x + 1.6 * vec
         _arrow(ax, x, tip, color, lw=1.8)
         _label(ax, tip[0] + off[0], tip[1] + off[1], text, color, 10)
-    _label(ax, 5.0, 5.85, r"$\frac{dv}{ds} = -\kappa\,\frac{\nabla F - v(v\cdot\nabla F)}"
+    _label(ax, 5.0, 5.75, r"$\dfrac{dv}{ds} = -\kappa\,\dfrac{\nabla F - v(v\cdot\nabla F)}"
            r"{F - F_0}$: the speed is fixed, the direction bends", size=10)
     _label(ax, 0.3, 0.4, r"$E = |\Pi|\,(F - F_0)^\kappa$ is conserved", size=9, ha="left")
     return fig

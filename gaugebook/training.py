@@ -54,7 +54,7 @@ from gaugebook.run_config import (BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, MEMBER
 from gaugebook.step_graph import CapturedStep
 
 __all__ = ["train", "train_batched", "cohorts", "check_runs", "check_distinct_names", "provenance",
-           "write_json_atomic", "optimizer_state_bytes"]
+           "build_optimizer", "write_json_atomic", "optimizer_state_bytes"]
 
 
 # ----------------------------------------------------------------------------- files
@@ -160,8 +160,11 @@ def _remove_stale_temporaries(out: Path, cfgs: list[RunConfig], batched: bool) -
     checkpoint left (under the runs' locks no live process owns them); other runs' files in
     ``out`` are not touched."""
     finals = [out / f"{cfg.name}.json" for cfg in cfgs]
-    finals += ([_checkpoint_path(out, cfgs, True)] if batched
-               else [_checkpoint_path(out, [cfg], False) for cfg in cfgs])
+    if batched:  # the cohort's checkpoint is named after the runs still to train
+        pending = [cfg for cfg in cfgs if not (out / f"{cfg.name}.json").exists()]
+        finals += [_checkpoint_path(out, group, True) for group in (cfgs, pending) if group]
+    else:
+        finals += [_checkpoint_path(out, [cfg], False) for cfg in cfgs]
     for final in finals:
         for tmp in final.parent.glob(glob.escape(final.name) + ".tmp*"):
             tmp.unlink(missing_ok=True)
@@ -253,10 +256,10 @@ def _member(cfg: RunConfig, device: torch.device) -> _Member:
     return _Member(cfg, corpus, model, bias_generator, chaos_seed, init_velocity)
 
 
-def _build_optimizer(cfg: RunConfig, model: GPT, params: dict[str, torch.Tensor], **extra):
-    """``cfg``'s optimizer over ``params`` (of ``model``'s layout, alone or stacked), with
-    ``extra`` settings: ECD's named partition becomes its blocks, Muon gets the names it routes
-    by."""
+def build_optimizer(cfg: RunConfig, model: GPT, params: dict[str, torch.Tensor], **extra):
+    """``cfg``'s optimizer over ``params`` (of ``model``'s layout, alone or stacked), as the
+    trainer builds it, with ``extra`` settings (ECD's ``members``, ``chaos_seeds``, ``fused``):
+    ECD's named partition becomes its blocks, Muon gets the names it routes by."""
     hp = {k: v for k, v in cfg.optimizer_hp.items() if k not in ("partition", "init_velocity_std")}
     if cfg.optimizer_hp.get("partition") == "gpt2":
         hp["blocks"] = [[params[n] for n in group] for group in model.gpt2_tensors()]
@@ -364,7 +367,7 @@ def _setup(cfgs: list[RunConfig], device: torch.device, batched: bool,
             extra["fused"] = False
         if batched:
             extra["members"] = len(members)
-    optimizer = _build_optimizer(cfg, members[0].model, params, **extra)
+    optimizer = build_optimizer(cfg, members[0].model, params, **extra)
     if members[0].init_velocity is not None:  # SGDM's random initial momentum buffers
         for i, p in enumerate(params.values()):
             v = [m.init_velocity[i] for m in members]
@@ -750,7 +753,7 @@ def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool 
         model = GPT(stand_in)
         params = dict(model.named_parameters())
         try:
-            _build_optimizer(cfg, model, params)
+            build_optimizer(cfg, model, params)
         except (TypeError, ValueError) as error:
             hint = (" (--set optimizer_hp=... replaces every entry; --set optimizer_hp.KEY=VALUE "
                     "changes one)" if "missing" in str(error) else "")

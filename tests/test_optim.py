@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from gaugebook import ecd_kernels
-from gaugebook.optim import ECD, MultiOptimizer, ecd_dt, ecd_kappa, make_optimizer
+from gaugebook.baselines import MultiOptimizer
+from gaugebook.optim import ECD, ecd_dt, ecd_kappa, make_optimizer
 
 DT = torch.float64
 
