@@ -36,7 +36,8 @@ from gaugebook.experiment import override, run_many, select_runs
 from gaugebook.gpt import GPT
 from gaugebook.optim import make_optimizer
 from gaugebook.step_graph import CapturedStep
-from gaugebook.training import build_optimizer, cohorts, optimizer_state_bytes, provenance
+from gaugebook.run_files import provenance
+from gaugebook.training import build_optimizer, cohorts, optimizer_state_bytes
 
 from bench_training import median_call_seconds, median_step_seconds
 

@@ -25,6 +25,7 @@ Training and breaking:
 * :mod:`~gaugebook.data`: the default corpus, logic-puzzle probes, tiny Shakespeare
 * :mod:`~gaugebook.run_config`: what defines one training run, and which runs batch together
 * :mod:`~gaugebook.training`: the trainer: one run, or several as one batched model
+* :mod:`~gaugebook.run_files`: a run's files: provenance, atomic writes, locks, reading back
 * :mod:`~gaugebook.step_graph`: a whole training step captured once as a CUDA graph, replayed
 * :mod:`~gaugebook.fitting`: the chapters' short training loop (any optimizer, ECD included)
 * :mod:`~gaugebook.experiment`: the presets and the command-line runner

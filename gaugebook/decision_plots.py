@@ -158,13 +158,14 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
     """One row of panels per history key in ``keys`` (a key or a list; ``"path_ratio"`` for
     :func:`path_ratio`), one column per arm (``Run.arm``; ``arms`` picks and orders them), one
     seed band per symmetry: the mean as a line, min to max shaded. Keys in ``log`` get a log
-    axis; a panel whose runs do not record the key (a path for AdamW) says so. Returns the
+    axis; a panel whose runs do not record the key (a path for AdamW) says so. One legend for
+    the whole figure, below the grid (every panel uses the same colours). Returns the
     figure."""
     import matplotlib.pyplot as plt
 
     keys = [keys] if isinstance(keys, str) else list(keys)
     arms = list(arms) if arms is not None else sorted({r.arm for r in runs})
-    fig, axes = plt.subplots(len(keys), len(arms), figsize=(3.6 * len(arms), 2.9 * len(keys)),
+    fig, axes = plt.subplots(len(keys), len(arms), figsize=(2.6 * len(arms), 2.5 * len(keys)),
                              squeeze=False, sharex=True)
     for row, key in zip(axes, keys):
         for ax, arm in zip(row, arms):
@@ -184,16 +185,23 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                                 alpha=0.25, linewidth=0)
             if key in log:
                 ax.set_yscale("log")
-            if ax.lines:
-                ax.legend(fontsize=7)
         row[0].set_ylabel(ROW_LABELS.get(key, key))
     for ax, arm in zip(axes[0], arms):
         ax.set_title(arm)
     for ax in axes[-1]:
         ax.set_xlabel("step")
+    legend = {}  # label -> handle, over all panels: one legend, not one per panel
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    height = fig.get_figheight()
+    bottom = 0.45 / height if legend else 0  # tight_layout leaves the bottom 0.45 inch to it
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend),
+                   bbox_to_anchor=(0.5, 0))
     if title:  # above the column titles: tight_layout leaves the top 0.35 inch to it
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight() if title else 1))
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / height if title else 1))
     return fig
 
 
@@ -250,12 +258,19 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
     return fig
 
 
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    """``value`` rounded to ``digits`` decimals, a value that rounds to zero as ``0.0``: a
+    table shows ``0.000``, never ``-0.000`` (``round(-0.0004, 3)`` is ``-0.0``; adding
+    ``0.0`` turns it into ``0.0``)."""
+    return None if value is None else round(value, digits) + 0.0
+
+
 def decision_table(decisions: list[Decision], *, caption: str | None = None) -> Table:
     """The rule's outcome, one row per (arm, broken symmetry): the Delta of each seed, their
     mean, the 95% t-interval and whether the rule says breaking helps."""
     seeds = sorted({s for d in decisions for s in d.deltas})
-    rows = [[d.arm, d.symmetry, *(d.deltas.get(s) for s in seeds), d.mean,
-             f"[{d.interval[0]:+.3f}, {d.interval[1]:+.3f}]",
+    rows = [[d.arm, d.symmetry, *(_rounded(d.deltas.get(s)) for s in seeds), _rounded(d.mean),
+             f"[{_rounded(d.interval[0]):+.3f}, {_rounded(d.interval[1]):+.3f}]",
              "helps" if d.helps else "no"] for d in decisions]
     return Table(["arm", "broken", *(f"Δ seed {s}" for s in seeds), "mean Δ",
                   "95% t-interval", "rule"], rows, caption=caption)

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
+from gaugebook.run_files import provenance, write_json_atomic
 from gaugebook.training import (check_distinct_names, check_runs, cohorts,
-                                optimizer_state_bytes, provenance, train, train_batched,
-                                write_json_atomic)
+                                optimizer_state_bytes, train, train_batched)
 
 __all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train",
            "train_batched", "run_many", "main", "provenance", "write_json_atomic",

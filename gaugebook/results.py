@@ -298,11 +298,14 @@ class Decision:
 
     def sentence(self) -> str:
         """The verdict in one sentence."""
-        per_seed = ", ".join(f"{d:+.3f}" for d in self.deltas.values())
+        def signed(x):  # a value that rounds to zero prints +0.000, never -0.000
+            return f"{round(x, 3) + 0.0:+.3f}"
+
+        per_seed = ", ".join(signed(d) for d in self.deltas.values())
         verdict = "helps" if self.helps else "does not meet the rule for helping"
-        return (f"{self.arm}, {self.symmetry}: breaking {verdict} (mean Delta {self.mean:+.3f}, "
-                f"95% t-interval [{self.interval[0]:+.3f}, {self.interval[1]:+.3f}], seeds "
-                f"{per_seed})")
+        return (f"{self.arm}, {self.symmetry}: breaking {verdict} (mean Delta "
+                f"{signed(self.mean)}, 95% t-interval [{signed(self.interval[0])}, "
+                f"{signed(self.interval[1])}], seeds {per_seed})")
 
 
 def pairs_by_seed(runs: list[Run], arm: str, symmetry: str) -> dict[int, tuple[Run, Run]]:

@@ -18,21 +18,13 @@ The loop is cut into one function per job: ``_setup`` (models, optimizer, genera
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import functools
-import glob
-import hashlib
 import json
 import math
 import os
-import platform
 import random
-import shutil
-import subprocess
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,149 +34,19 @@ import torch.distributed as dist
 from torch.func import functional_call, vmap
 from tqdm.auto import tqdm
 
-from gaugebook import mechanics
+from gaugebook import mechanics, run_files
 from gaugebook.attention import math_attention
 from gaugebook.data import DefaultCorpus, evaluate_probes
 from gaugebook.gpt import GPT
 from gaugebook.interpret import alignment_scores
 from gaugebook.optim import ecd_dt, make_optimizer
-from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS, Run
-from gaugebook.run_config import (BATCHABLE_OPTIMIZERS, EXECUTION_FIELDS, MEMBER_FIELDS,
-                                  RunConfig, batch_key)
+from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
+from gaugebook.run_config import BATCHABLE_OPTIMIZERS, MEMBER_FIELDS, RunConfig, batch_key
+from gaugebook.run_files import provenance, write_json_atomic
 from gaugebook.step_graph import CapturedStep
 
-__all__ = ["train", "train_batched", "cohorts", "check_runs", "check_distinct_names", "provenance",
-           "build_optimizer", "write_json_atomic", "optimizer_state_bytes"]
-
-
-# ----------------------------------------------------------------------------- files
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True,
-                          cwd=Path(__file__).parent, check=True).stdout.strip()
-
-
-def _cpu_name() -> str:
-    """The processor's model name (from /proc/cpuinfo on Linux) and its number of cores."""
-    name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name or 'cpu'} ({os.cpu_count()} cores)"
-
-
-def provenance(device: torch.device) -> dict:
-    """Where and with what a result was produced. ``git_dirty``: tracked files differed from the
-    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``)."""
-    device = torch.device(device)
-    try:
-        commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
-                                                            "--untracked-files=no"))
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = os.environ.get("GAUGEBOOK_COMMIT", "unknown"), None
-    return {
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "hostname_platform": platform.platform(),
-        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def _write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a temporary file in ``path``'s folder, flushed to disk, then renamed
-    onto ``path``: never a half-written file, and no temporary file left on failure. A failed
-    write names the path and the free space."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as error:
-        free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
-        raise OSError(f"cannot write {path}: {error} ({free / 2**20:.1f} MiB free there)") from error
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as JSON, atomically (``_write_atomic``)."""
-    text = json.dumps(payload, indent=1).encode()  # fails before any file is touched
-    _write_atomic(Path(path), lambda f: f.write(text))
-
-
-def _save_atomic(obj, path: Path) -> None:
-    _write_atomic(path, lambda f: torch.save(obj, f))
-
-
-def _set_aside(path: Path, error: Exception) -> None:
-    """Move an unreadable ``path`` to ``path.corrupt`` (kept for inspection) with a warning."""
-    aside = path.with_suffix(path.suffix + ".corrupt")
-    os.replace(path, aside)
-    warnings.warn(f"{path} is unreadable ({type(error).__name__}: {error}); moved to {aside}, "
-                  "and the run starts again from its last readable state", RuntimeWarning,
-                  stacklevel=3)
-
-
-@contextlib.contextmanager
-def _run_locks(out: Path, cfgs: list[RunConfig]):
-    """Hold ``<out>/<name>.lock`` for every run: a second process that would write one of these
-    results fails at once, naming it, instead of overwriting it."""
-    handles = []
-    try:
-        for cfg in cfgs:
-            handle = open(out / f"{cfg.name}.lock", "a")
-            handles.append(handle)
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(f"another process is training {cfg.name} into {out} (it holds "
-                                   f"{handle.name}): wait for it, or write to another --out"
-                                   ) from None
-        yield
-    finally:
-        for handle in handles:  # closing unlocks; the file stays, since removing a lock file
-            handle.close()  # that another process has opened would let a third one in
-
-
-def _remove_stale_temporaries(out: Path, cfgs: list[RunConfig], batched: bool) -> None:
-    """The temporary files that an interrupted write of these runs' results or of their
-    checkpoint left (under the runs' locks no live process owns them); other runs' files in
-    ``out`` are not touched."""
-    finals = [out / f"{cfg.name}.json" for cfg in cfgs]
-    if batched:  # the cohort's checkpoint is named after the runs still to train
-        pending = [cfg for cfg in cfgs if not (out / f"{cfg.name}.json").exists()]
-        finals += [_checkpoint_path(out, group, True) for group in (cfgs, pending) if group]
-    else:
-        finals += [_checkpoint_path(out, [cfg], False) for cfg in cfgs]
-    for final in finals:
-        for tmp in final.parent.glob(glob.escape(final.name) + ".tmp*"):
-            tmp.unlink(missing_ok=True)
-
-
-def _as_json(config: dict) -> dict:
-    """``config`` as it reads back from JSON (tuples become lists)."""
-    return json.loads(json.dumps(config))
-
-
-def _check_same_config(cfg: RunConfig, stored: dict, path: Path) -> None:
-    """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
-    configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ)."""
-    expected = _as_json(dataclasses.asdict(cfg))
-    stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
-    differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here" for k in sorted(expected)
-                 if stored[k] != expected[k] and k not in EXECUTION_FIELDS]
-    if differing:
-        raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
-                         ": write to another --out, or give this run a tag (--set tag=...)")
+__all__ = ["train", "train_batched", "cohorts", "check_runs", "check_distinct_names",
+           "build_optimizer", "optimizer_state_bytes"]
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -401,18 +263,11 @@ def _optimizer_step(cohort: _Cohort, x: torch.Tensor, y: torch.Tensor, draws) ->
     return optimizer.step(closure)
 
 
-def _checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
-    if not batched:
-        return out / "checkpoints" / f"{cfgs[0].name}.pt"
-    names = ",".join(c.name for c in cfgs)
-    return out / "checkpoints" / f"batch-{hashlib.sha1(names.encode()).hexdigest()[:12]}.pt"
-
-
 def _save_checkpoint(cohort: _Cohort) -> None:
     cohort.ckpt_path.parent.mkdir(exist_ok=True)
     weights = (cohort.members[0].model.state_dict() if not cohort.batched
                else {n: p.detach() for n, p in cohort.params.items()})
-    _save_atomic({"weights": weights, "optimizer": cohort.optimizer.state_dict(),
+    run_files.save_atomic({"weights": weights, "optimizer": cohort.optimizer.state_dict(),
                   "step": cohort.step, "elapsed": cohort.elapsed, "tokens": cohort.tokens,
                   "histories": [m.history for m in cohort.members],
                   "window": (cohort.window, cohort.window_start), "init": cohort.init,
@@ -433,7 +288,7 @@ def _resume(cohort: _Cohort) -> None:
         if not isinstance(ckpt, dict):
             raise ValueError(f"holds a {type(ckpt).__name__}, not a checkpoint")
     except Exception as error:  # noqa: BLE001 - truncated, empty or garbage: any unpickling error
-        _set_aside(path, error)
+        run_files.set_aside(path, error)
         return
     if "configs" not in ckpt:
         raise ValueError(f"{path} is a checkpoint of an older format (before batched training): "
@@ -443,7 +298,7 @@ def _resume(cohort: _Cohort) -> None:
         raise ValueError(f"{path} holds a cohort of {len(configs)} runs, this one has "
                          f"{len(cohort.members)}: write to another --out")
     for m, stored in zip(cohort.members, configs):
-        _check_same_config(m.cfg, stored, path)
+        run_files.check_same_config(m.cfg, stored, path)
     with torch.no_grad():
         if cohort.batched:
             for n, p in cohort.params.items():
@@ -761,30 +616,6 @@ def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool 
                              f"{cfg.optimizer}: {error}{hint}") from None
 
 
-def _existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
-    """The results in ``out`` of ``cfgs``' runs, by name; ValueError for one written with other
-    settings, or cut by another time budget than ``cfg.max_wall_s`` (not the run asked for)."""
-    found = {}
-    for cfg in cfgs:
-        path = out / f"{cfg.name}.json"
-        if path.exists():
-            try:
-                result = json.loads(path.read_text())
-                Run.from_dict(result, path)  # the schema's checks: not a result record
-            except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError,
-                    KeyError, AttributeError) as error:
-                _set_aside(path, error)
-                continue
-            _check_same_config(cfg, result["config"], path)
-            budget = result["config"].get("max_wall_s")
-            if result.get("truncated") and budget != cfg.max_wall_s:
-                raise ValueError(f"{path} holds run {cfg.name} cut at step {result['steps_done']} "
-                                 f"by max_wall_s={budget}, not {cfg.max_wall_s}: delete it to "
-                                 "train the run again, or write to another --out")
-            found[cfg.name] = result
-    return found
-
-
 def _train(cfgs: list[RunConfig], out: Path, device, batched: bool,
            **options) -> list[dict] | None:
     """``options``: the keywords of :func:`_train_locked` after ``batched``."""
@@ -794,8 +625,8 @@ def _train(cfgs: list[RunConfig], out: Path, device, batched: bool,
     out.mkdir(parents=True, exist_ok=True)
     if _rank_world()[0] != 0:  # rank 0 writes (and locks) for all
         return _train_locked(cfgs, out, device, batched, **options)
-    with _run_locks(out, cfgs):
-        _remove_stale_temporaries(out, cfgs, batched)
+    with run_files.run_locks(out, cfgs):
+        run_files.remove_stale_temporaries(out, cfgs, batched)
         return _train_locked(cfgs, out, device, batched, **options)
 
 
@@ -803,7 +634,7 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
                   position: int, stop_after: int | None, progress: bool,
                   data_workers: int, cuda_graphs: bool) -> list[dict] | None:
     rank, world = _rank_world()
-    done = _existing_results(cfgs, out)
+    done = run_files.existing_results(cfgs, out)
     todo = [cfg for cfg in cfgs if cfg.name not in done]
     if not todo:
         return [done[cfg.name] for cfg in cfgs]
@@ -811,7 +642,7 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
     cohort = _setup(todo, device, batched, cuda_graphs)
-    cohort.ckpt_path = _checkpoint_path(out, todo, batched)
+    cohort.ckpt_path = run_files.checkpoint_path(out, todo, batched)
     _resume(cohort)
     _record_way(cohort)
     if cfg.optimizer == "adamw":  # captured: step counts on the device (set after a checkpoint
@@ -845,7 +676,8 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     batches.close()  # stops the prefetching workers before the final evaluation
     records = _results(cohort, time.perf_counter() - start)
     if rank == 0:
-        _existing_results(todo, out)  # written meanwhile with other settings? refuse, keep it
+        # written meanwhile with other settings? refuse, keep it
+        run_files.existing_results(todo, out)
         for record in records:
             write_json_atomic(out / f"{record['name']}.json", record)
             (out / f"{record['name']}.error.json").unlink(missing_ok=True)  # an earlier failure

@@ -6,8 +6,9 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gaugebook.decision_plots import (band_panels, decision_table, delta_panels,  # noqa: E402
-                                      paired_deltas, path_ratio, paper_runs,
+from gaugebook.decision_plots import (SYMMETRY_COLOR, band_panels,  # noqa: E402
+                                      decision_table, delta_panels, paired_deltas,
+                                      path_ratio, paper_runs,
                                       reduced_paper_configs, seed_band, best_rates,
                                       sweep_panels, sweep_statistics)
 from gaugebook.results import Run, decide, pairs_by_seed  # noqa: E402
@@ -63,6 +64,35 @@ def test_decision_table_and_panels():
     assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
     assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
     assert [a.get_ylabel() for a in fig.axes] == ["validation loss", "nominal path\n/ |θ₀|"]
+
+
+def test_band_panels_draw_one_legend_for_the_whole_figure():
+    steps = [10, 20, 30, 40, 50]
+    runs = [run(s, seed, steps, [2.0 + off + 0.01 * seed] * 5, optimizer=optimizer, tag=tag)
+            for optimizer, tag in (("ecd", "pt"), ("adamw", None)) for seed in (0, 1, 2)
+            for s, off in (("symmetric", 0.0), ("bq", -0.2))]
+    fig = band_panels(runs, ["val_loss", "J_QK"], title="two arms")
+    assert len(fig.axes) == 4 and all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends  # one, not one per panel
+    assert [t.get_text() for t in legend.get_texts()] == ["symmetric (3 seeds)",
+                                                          "bq (3 seeds)"]
+    assert [h.get_color() for h in legend.legend_handles] == [SYMMETRY_COLOR["symmetric"],
+                                                              SYMMETRY_COLOR["bq"]]
+    # below the panels: the legend's top edge under every panel's bottom edge
+    fig.canvas.draw()
+    top = legend.get_window_extent().y1
+    assert top <= min(ax.get_tightbbox().y0 for ax in fig.axes) + 1
+    # a figure whose panels are all "not recorded" has no legend at all
+    assert band_panels(runs[:1], "path_ratio").legends == []
+
+
+def test_decision_table_prints_no_negative_zero():
+    steps = [10, 20, 30, 40, 50]
+    offsets = {0: -0.0004, 1: 0.003, 2: -0.001}  # seed 0 rounds to zero
+    runs = [run(s, seed, steps, [2.0 + (off if s == "bq" else 0.0)] * 5)
+            for seed, off in offsets.items() for s in ("symmetric", "bq")]
+    html = decision_table([decide(runs, "ecd-pt", "bq")]).to_html()
+    assert "-0.000" not in html and ">0.000<" in html and "-0.001" in html
 
 
 def test_paired_deltas_pair_by_seed_at_shared_steps_and_panels_draw_them():

@@ -106,7 +106,7 @@ def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):
                       capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        from gaugebook.training import write_json_atomic
+        from gaugebook.run_files import write_json_atomic
 
         with pytest.raises(OSError, match=r"cannot write .*big\.json.*MiB free"):
             write_json_atomic(mount / "big.json", {"x": "y" * 200_000})
