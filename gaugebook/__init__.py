@@ -30,6 +30,7 @@ Training and breaking:
 * :mod:`~gaugebook.fitting`: the chapters' short training loop (any optimizer, ECD included)
 * :mod:`~gaugebook.experiment`: the presets and the command-line runner
 * :mod:`~gaugebook.results`: loading and comparing result files at equal steps
+* :mod:`~gaugebook.stats`: t-intervals and rank correlations (permutation, bootstrap, power)
 * :mod:`~gaugebook.decision_plots`: the decisive experiment's seed bands and decision table
 * :mod:`~gaugebook.interpret`: the query-offset factor and key alignment by token category
 * :mod:`~gaugebook.moe`: a top-k mixture-of-experts layer and its symmetries

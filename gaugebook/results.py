@@ -23,12 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
+from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_difference,
+                             t_interval)
+
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
-           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "probe_standard_error",
-           "PairedProbes", "probe_mcnemar", "puzzle_gain_tests", "puzzle_gain_differences", "decide", "decisions", "t_interval",
-           "paired_gaps", "Correlation", "centred_by", "rank_correlation",
-           "rank_correlation_difference", "rank_correlation_power", "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
+           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "paired_gaps",
+           "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
+           "puzzle_gain_tests", "puzzle_gain_differences", "RESULT_KEYS", "HISTORY_KEYS",
+           "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -427,7 +430,7 @@ def _gains_and_predictors(runs: list[Run]):
 def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str, Correlation]:
     """The test of "alignment predicts puzzle gains better than the loss does" (chapter 18):
     each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
-    (:func:`partner_pairs`), rank-correlated (:func:`rank_correlation`) with the broken run's
+    (:func:`partner_pairs`), rank-correlated (:func:`~gaugebook.stats.rank_correlation`) with the broken run's
     two alignment scores and with its change of the validation statistic (broken minus partner,
     :func:`final_statistic`). ``within_arms`` (default): permutations and bootstrap within each
     optimizer arm, so that differences between optimizers cannot make a correlation. Keyed by
@@ -441,7 +444,7 @@ def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str,
 def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
     """The comparative statistic of the same claim (``results/README.md``): for each alignment
     score, ``D = rho(alignment, gain) - rho(-(change of validation loss), gain)`` within
-    optimizer arms, with its bootstrap interval (:func:`rank_correlation_difference`;
+    optimizer arms, with its bootstrap interval (:func:`~gaugebook.stats.rank_correlation_difference`;
     ``options`` go to it). D > 0: alignment ranks the gains better than the drop of the loss."""
     gain, predictors, arms = _gains_and_predictors(runs)
     drop = [-x for x in predictors.pop("change of validation loss")]
@@ -469,21 +472,6 @@ def decide(runs: list[Run], arm: str, symmetry: str, *,
     return Decision(arm, symmetry, deltas, mean, interval, helps)
 
 
-def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
-    """``(mean, (low, high))``: the mean of ``values`` and its ``level`` t-interval,
-    mean +- t_{(1 + level)/2, n-1} s / sqrt(n), with s the sample standard deviation
-    (ValueError for fewer than two values)."""
-    from scipy import stats
-
-    values = np.asarray(values, dtype=float)
-    n = len(values)
-    if n < 2:
-        raise ValueError(f"a t-interval needs at least two values, got {n}")
-    mean = float(values.mean())
-    half = float(stats.t.ppf((1 + level) / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
-    return mean, (mean - half, mean + half)
-
-
 def paired_gaps(runs: list[Run], reference: list[Run], *,
                 last: int = LAST_EVALUATIONS) -> dict[int, float]:
     """``{seed: statistic(run) - statistic(reference run)}``, the runs paired by seed (the
@@ -504,158 +492,6 @@ def decisions(runs: list[Run]) -> list[Decision]:
     """:func:`decide` for every (arm, broken symmetry) present in ``runs``, sorted."""
     pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != BASELINE})
     return [decide(runs, arm, symmetry) for arm, symmetry in pairs]
-
-
-@dataclass(frozen=True)
-class Correlation:
-    """Spearman's rank correlation ``rho`` of ``n`` pairs (within ``strata`` groups, their
-    size-weighted mean), the two-sided permutation p-value ``p`` (the pairing permuted, within
-    each group) and a percentile bootstrap interval ``(low, high)`` (pairs resampled, within
-    each group)."""
-
-    rho: float
-    p: float
-    interval: tuple
-    n: int
-    strata: int = 1
-
-    def sentence(self) -> str:
-        within = f", within {self.strata} groups" if self.strata > 1 else ""
-        return (f"rho = {self.rho:+.2f} (permutation p = {self.p:.2g}, 95% bootstrap interval "
-                f"[{self.interval[0]:+.2f}, {self.interval[1]:+.2f}], n = {self.n}{within})")
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman's rho along the last axis (Pearson's r of the ranks); NaN where a side is
-    constant."""
-    from scipy import stats
-
-    ra, rb = stats.rankdata(a, axis=-1), stats.rankdata(b, axis=-1)
-    ra, rb = ra - ra.mean(-1, keepdims=True), rb - rb.mean(-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (ra * rb).sum(-1) / np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
-
-
-def _samples(*columns) -> list[np.ndarray]:
-    """The columns as float arrays, checked: 1-D, of one length, at least 4 pairs."""
-    arrays = [np.asarray(c, dtype=float) for c in columns]
-    shapes = [a.shape for a in arrays]
-    if len(set(shapes)) > 1 or arrays[0].ndim != 1 or len(arrays[0]) < 4:
-        raise ValueError(f"need 1-D samples of equal length >= 4, got shapes {shapes}")
-    return arrays
-
-
-def _groups(strata, *columns) -> list[np.ndarray]:
-    """The pairs' indices per group of ``strata`` (all one group when None), keeping groups of
-    3 or more pairs in which every column varies; ValueError when none is left."""
-    n = len(columns[0])
-    labels = np.zeros(n, dtype=int) if strata is None else np.unique(
-        np.asarray(strata, dtype=object).astype(str), return_inverse=True)[1]
-    if len(labels) != n:
-        raise ValueError(f"strata has {len(labels)} entries for {n} pairs")
-    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
-    groups = [g for g in groups if len(g) >= 3 and all(np.ptp(c[g]) > 0 for c in columns)]
-    if not groups:
-        for name, v in zip("xyz", columns):
-            if np.ptp(v) == 0:
-                raise ValueError(f"{name} is constant ({v[0]:g}): its rank correlation is "
-                                 "undefined")
-        raise ValueError("no group has 3 or more pairs that vary in every sample")
-    return groups
-
-
-def _weighted_rho(x, y, groups, ix, iy) -> np.ndarray:
-    """Spearman's rho of ``x[ix]`` with ``y[iy]`` (index arrays [draws, n]) per group, averaged
-    with the groups' sizes as weights: [draws] (nan for a draw with no rho in any group)."""
-    weights = np.array([len(g) for g in groups], dtype=float)
-    rhos = np.stack([_spearman(x[ix[:, g]], y[iy[:, g]]) for g in groups])
-    ok = ~np.isnan(rhos)  # (groups, draws)
-    with np.errstate(invalid="ignore"):
-        return (np.where(ok, rhos, 0) * weights[:, None]).sum(0) / (ok * weights[:, None]).sum(0)
-
-
-def centred_by(values, groups) -> np.ndarray:
-    """Each value minus the mean of its group, [n] -> [n]: e.g. runs centred by seed, when each
-    seed has its own validation text and the seeds' levels differ for that reason alone."""
-    values, groups = np.asarray(values, dtype=float), np.asarray(groups)
-    if values.shape != groups.shape or values.ndim != 1:
-        raise ValueError(f"need 1-D values and groups of one length, got shapes {values.shape} "
-                         f"and {groups.shape}")
-    return values - np.array([values[groups == g].mean() for g in groups])
-
-
-def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0) -> Correlation:
-    """Spearman's ``rho`` between the paired samples ``x`` and ``y`` [n], with a two-sided
-    permutation p-value (under the null the pairing is arbitrary: ``y`` is shuffled
-    ``resamples`` times) and a 95% percentile bootstrap interval over ``resamples`` draws of the
-    pairs (draws in which a side is constant have no rho and are left out).
-
-    ``strata`` [n] (e.g. each run's optimizer arm) asks whether ``x`` predicts ``y`` *within*
-    groups: rho is the size-weighted mean of the groups' rhos (groups of fewer than 3 pairs, or
-    constant in ``x`` or ``y``, are left out), and both the permutations and the bootstrap act
-    within each group, so that differences between groups cannot make a correlation. ValueError
-    for fewer than 4 pairs, or no group with a rho."""
-    x, y = _samples(x, y)
-    groups = _groups(strata, x, y)
-    rng = np.random.default_rng(seed)
-
-    def statistic(ix, iy):  # (draws, n) indices into x and into y -> (draws,) weighted rho
-        return _weighted_rho(x, y, groups, ix, iy)
-
-    identity = np.arange(len(x))[None]
-    observed = float(statistic(identity, identity)[0])
-    shuffled = np.repeat(identity, resamples, 0)  # y shuffled within each group
-    resampled = np.repeat(identity, resamples, 0)  # pairs drawn with replacement, per group
-    for g in groups:
-        shuffled[:, g] = g[rng.random((resamples, len(g))).argsort(1)]
-        resampled[:, g] = g[rng.integers(0, len(g), (resamples, len(g)))]
-    null = statistic(identity, shuffled)
-    p = (1 + np.sum(np.abs(null) >= abs(observed) - 1e-12)) / (1 + resamples)
-    low, high = np.nanpercentile(statistic(resampled, resampled), [2.5, 97.5])
-    return Correlation(observed, float(p), (float(low), float(high)), len(x),
-                       strata=len(groups))
-
-
-def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
-                                seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """Which of two predictors ranks ``y`` better: ``D = rho(a, y) - rho(b, y)``, each rho as
-    :func:`rank_correlation` computes it (within ``strata`` groups, size-weighted), and a 95%
-    percentile bootstrap interval of D from the same resampled pairs for both (within each
-    group). A predictor expected to correlate negatively enters negated. "One rho significant,
-    the other not" is no evidence that they differ; an interval of D that excludes 0 is.
-    Returns ``(D, (low, high))``."""
-    a, b, y = _samples(a, b, y)
-    groups = _groups(strata, a, b, y)
-    rng = np.random.default_rng(seed)
-    identity = np.arange(len(y))[None]
-    resampled = np.repeat(identity, resamples, 0)
-    for g in groups:
-        resampled[:, g] = g[rng.integers(0, len(g), (resamples, len(g)))]
-
-    def difference(ix):
-        return _weighted_rho(a, y, groups, ix, ix) - _weighted_rho(b, y, groups, ix, ix)
-
-    low, high = np.nanpercentile(difference(resampled), [2.5, 97.5])
-    return float(difference(identity)[0]), (float(low), float(high))
-
-
-def rank_correlation_power(strata, rho: float, *, level: float = 0.05, draws: int = 400,
-                           resamples: int = 999, seed: int = 0) -> float:
-    """The power of :func:`rank_correlation`'s test: the share of ``draws`` simulated experiments
-    whose p-value is below ``level`` when the true rank correlation is ``rho``. ``strata`` [n]
-    gives each pair's group, as for :func:`rank_correlation` (``[0] * n`` for n pairs without
-    groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
-    value whose Spearman correlation is ``rho``."""
-    if not -1 <= rho <= 1:
-        raise ValueError(f"rho must lie in [-1, 1], got {rho}")
-    strata = list(strata)
-    r = 2 * math.sin(math.pi * rho / 6)
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for k in range(draws):
-        x, y = rng.multivariate_normal([0, 0], [[1, r], [r, 1]], len(strata)).T
-        hits += rank_correlation(x, y, strata=strata, resamples=resamples, seed=k).p < level
-    return hits / draws
 
 
 def provenance_summary(runs: list[Run]) -> dict[str, list]:

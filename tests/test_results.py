@@ -246,7 +246,8 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
 def test_gaps_between_two_arms_are_paired_by_seed_with_a_t_interval(tmp_path):
     """One optimizer against another (ECD against a tuned AdamW): per-seed differences of the
     rule's statistic and the 95% t-interval of their mean."""
-    from gaugebook.results import paired_gaps, t_interval
+    from gaugebook.results import paired_gaps
+    from gaugebook.stats import t_interval
 
     finals = {"ecd-pt": (3.02, 2.97, 3.06), "adamw": (2.95, 2.89, 2.98)}
     runs = load_runs(write(tmp_path / "two", *[paper_record(arm, "symmetric", seed, value)
@@ -266,56 +267,6 @@ def test_gaps_between_two_arms_are_paired_by_seed_with_a_t_interval(tmp_path):
         paired_gaps(ecd[:2], adamw)
     with pytest.raises(ValueError, match="two runs of one seed"):
         paired_gaps(ecd + ecd[:1], adamw)
-
-
-def test_rank_correlation_with_permutation_p_and_bootstrap_interval():
-    from scipy import stats
-
-    from gaugebook.results import rank_correlation
-
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=30)
-    y = x + 0.5 * rng.normal(size=30)
-    c = rank_correlation(x, y, resamples=2000)
-    assert abs(c.rho - stats.spearmanr(x, y).statistic) < 1e-12
-    assert c.p < 0.01 and c.interval[0] < c.rho < c.interval[1] and c.interval[0] > 0
-    unrelated = rank_correlation(x, rng.normal(size=30), resamples=2000)
-    assert unrelated.p > 0.05 and unrelated.interval[0] < 0 < unrelated.interval[1]
-    assert "permutation p" in c.sentence()
-    with pytest.raises(ValueError, match="constant"):
-        rank_correlation(x, np.zeros(30))
-    with pytest.raises(ValueError, match=">= 4"):
-        rank_correlation(x[:3], y[:3])
-
-
-def test_a_correlation_between_groups_is_not_one_within_them():
-    from gaugebook.results import rank_correlation
-
-    rng = np.random.default_rng(4)
-    arm = np.repeat(["a", "b", "c"], 8)
-    level = np.repeat([0.0, 1.0, 2.0], 8)  # the groups differ in both x and y
-    x, y = level + 0.1 * rng.normal(size=24), level + 0.1 * rng.normal(size=24)
-    assert rank_correlation(x, y, resamples=2000).p < 0.01  # pooled: driven by the groups
-    within = rank_correlation(x, y, strata=arm, resamples=2000)
-    assert within.strata == 3 and within.p > 0.05 and "within 3 groups" in within.sentence()
-    y_related = level + x  # within groups too
-    assert rank_correlation(x, y_related, strata=arm, resamples=2000).rho > 0.99
-
-
-def test_rank_correlation_power_is_the_level_under_the_null_and_grows_with_rho():
-    from gaugebook.results import rank_correlation_power
-
-    pairs = [0] * 30
-    null = rank_correlation_power(pairs, 0.0, draws=300, resamples=499)
-    assert 0.01 < null < 0.10  # the test's level, 0.05, within sampling error (sd 0.013)
-    weak, strong = (rank_correlation_power(pairs, rho, draws=200, resamples=499)
-                    for rho in (0.3, 0.9))
-    assert weak < 0.7 < 0.95 < strong
-    few = rank_correlation_power(["a"] * 3 + ["b"] * 3 + ["c"] * 6, 0.9, draws=200,
-                                 resamples=499)
-    assert few < strong  # 12 pairs in three groups carry less evidence than 30 pairs
-    with pytest.raises(ValueError, match="rho"):
-        rank_correlation_power(pairs, 1.5)
 
 
 def test_partner_pairs_give_each_broken_run_its_symmetric_partner(tmp_path):
@@ -403,26 +354,6 @@ def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     assert differences["static-key alignment"][0] == pytest.approx(-0.8)
 
 
-def test_rank_correlation_difference_ranks_two_predictors():
-    """D > 0 with an interval above 0 when a predicts y and b is noise; an interval around 0
-    when a and b are equally good (noisy copies of one signal); mismatched lengths refused."""
-    from gaugebook.results import rank_correlation_difference
-
-    rng = np.random.default_rng(0)
-    y = rng.normal(size=40)
-    good, noise = y + 0.3 * rng.normal(size=40), rng.normal(size=40)
-    D, (low, high) = rank_correlation_difference(good, noise, y, resamples=999)
-    assert D > 0.5 and low > 0
-    twin_a, twin_b = y + rng.normal(size=40), y + rng.normal(size=40)
-    D, (low, high) = rank_correlation_difference(twin_a, twin_b, y, resamples=999)
-    assert low < 0 < high and abs(D) < 0.3
-    strata = ["a"] * 20 + ["b"] * 20
-    D_within, _ = rank_correlation_difference(good, noise, y, strata=strata, resamples=99)
-    assert D_within > 0.5
-    with pytest.raises(ValueError, match="equal length"):
-        rank_correlation_difference(good, noise[:-1], y)
-
-
 def test_probe_standard_error_adds_the_tasks_binomial_errors():
     """Two tasks at 0.5 and 1.0 on 100 instances: sqrt((0.25 + 0) / 100) / 2 = 0.025, below the
     pooled binomial sqrt(0.75 * 0.25 / 200) = 0.0306 of the same mean score."""
@@ -460,12 +391,3 @@ def test_probe_mcnemar_counts_discordant_instances_and_matches_the_mean_gain():
     old = {"a": {"top1": 0.5}, "b": {"top1": 0.25}, "mean": {"top1": 0.375}}
     with pytest.raises(ValueError, match="probe_standard_error"):
         probe_mcnemar(old, partner)
-
-
-def test_centred_takes_out_each_groups_mean():
-    from gaugebook.results import centred_by
-
-    values, seeds = [1.0, 3.0, 10.0, 14.0, 5.0], [0, 0, 1, 1, 2]
-    np.testing.assert_allclose(centred_by(values, seeds), [-1, 1, -2, 2, 0])
-    with pytest.raises(ValueError, match="one length"):
-        centred_by(values, seeds[:-1])
