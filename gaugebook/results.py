@@ -30,6 +30,7 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
            "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
+           "PuzzleChange", "puzzle_changes",
            "puzzle_gain_tests", "puzzle_gain_differences", "RESULT_KEYS", "HISTORY_KEYS",
            "HISTORY_EXTRA"]
 
@@ -410,6 +411,50 @@ def probe_mcnemar(probes: dict, reference: dict) -> PairedProbes:
         n += len(a)
     p = stats.binomtest(gained, gained + lost).pvalue if gained + lost else 1.0
     return PairedProbes(gained, lost, n, float(p))
+
+
+@dataclass(frozen=True)
+class PuzzleChange:
+    """A broken run's change of mean top-1 puzzle accuracy against its symmetric partner
+    (:func:`puzzle_changes`): ``gain`` (broken minus partner) and the evidence that it is not
+    sampling noise: the paired McNemar test where both runs recorded each instance's answer
+    (``paired``), else twice the unpaired standard error of the difference (``threshold``)."""
+
+    broken: Run
+    partner: Run
+    gain: float
+    paired: PairedProbes | None
+    threshold: float | None
+
+    @property
+    def detectable(self) -> bool:
+        """McNemar p < 0.05, or (unpaired) ``|gain|`` above ``threshold``."""
+        if self.paired is not None:
+            return self.paired.p < 0.05 and self.paired.gained != self.paired.lost
+        return abs(self.gain) > self.threshold
+
+
+def _has_answers(probes: dict) -> bool:
+    """Whether every task of ``probes`` records its instances' answers (``"correct"``)."""
+    return all("correct" in v for task, v in probes.items() if task != "mean")
+
+
+def puzzle_changes(runs: list[Run]) -> list[PuzzleChange]:
+    """Each broken run against its symmetric partner (:func:`partner_pairs`; runs without one
+    are left out): the change of its mean top-1 puzzle accuracy, tested pairwise
+    (:func:`probe_mcnemar`) when both runs recorded per-instance answers, else against twice
+    :func:`probe_standard_error` of each, added in quadrature (conservative for runs that
+    answer the same instances)."""
+    changes = []
+    for b, p in partner_pairs(runs, skip_unpaired=True):
+        gain = b["probes"]["mean"]["top1"] - p["probes"]["mean"]["top1"]
+        if _has_answers(b["probes"]) and _has_answers(p["probes"]):
+            paired, threshold = probe_mcnemar(b["probes"], p["probes"]), None
+        else:
+            paired = None
+            threshold = 2 * math.hypot(probe_standard_error(b), probe_standard_error(p))
+        changes.append(PuzzleChange(b, p, gain, paired, threshold))
+    return changes
 
 
 def _gains_and_predictors(runs: list[Run]):

@@ -391,3 +391,33 @@ def test_probe_mcnemar_counts_discordant_instances_and_matches_the_mean_gain():
     old = {"a": {"top1": 0.5}, "b": {"top1": 0.25}, "mean": {"top1": 0.375}}
     with pytest.raises(ValueError, match="probe_standard_error"):
         probe_mcnemar(old, partner)
+
+
+def test_puzzle_changes_test_pairwise_where_answers_were_recorded(tmp_path):
+    """Two broken runs, each 12 instances better than its partner out of 200: with each
+    instance's answer the paired test finds it (12 of 12 discordant instances go the broken
+    run's way, p = 2^-11); without, the unpaired error of 0.5 accuracies on 200 instances
+    (threshold 0.1) does not."""
+    from gaugebook.results import puzzle_changes
+
+    def probes(hits, with_answers):
+        tasks = {}
+        for task in ("a", "b"):
+            correct = "1" * hits + "0" * (100 - hits)
+            tasks[task] = {"top1": hits / 100, **({"correct": correct} if with_answers else {})}
+        return {**tasks, "mean": {"top1": hits / 100}}
+
+    records = []
+    for seed, answers in ((0, True), (1, False)):
+        for symmetry, hits in (("symmetric", 50), ("bqv", 56)):
+            r = paper_record("ecd-pt", symmetry, seed, 3.0)
+            r["config"]["probe_instances"] = 100
+            r["probes"] = probes(hits, answers)
+            records.append(r)
+    changes = {c.broken.seed: c for c in puzzle_changes(load_runs(write(tmp_path, *records)))}
+    paired, unpaired = changes[0], changes[1]
+    assert paired.gain == unpaired.gain == pytest.approx(0.06)
+    assert (paired.paired.gained, paired.paired.lost) == (12, 0) and paired.detectable
+    assert paired.paired.p == pytest.approx(2 * 0.5 ** 12)
+    assert unpaired.paired is None and unpaired.threshold == pytest.approx(0.1, rel=0.01)
+    assert not unpaired.detectable
