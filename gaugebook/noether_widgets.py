@@ -187,7 +187,8 @@ def charge_drift_figure(grid: ChargeDriftGrid) -> Figure:
     against the scale of a fixed shift (``spread = 0``, left) and against the spread of a
     redrawn one (at ``scale = 1`` if on the grid, else the largest scale; right). Log scale,
     values floored at ``1e-17``; the dotted line marks the round-off threshold ``1e-10``."""
-    fig = Figure(figsize=(9.0, 3.8), layout="constrained")
+    # at most 8 in wide, so that the page does not shrink its text much
+    fig = Figure(figsize=(7.8, 4.0), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
     floor = 1e-17
     if 0.0 in grid.spreads:
@@ -196,18 +197,19 @@ def charge_drift_figure(grid: ChargeDriftGrid) -> Figure:
                                            ("PJP", PALETTE[0], "s", r"$PJP$ (fixes $\bar b$)")):
             left.semilogy(grid.scales, getattr(grid, key)[:, j].clamp_min(floor), marker + "-",
                           color=colour, label=label)
-        left.set(xlabel=r"scale of a fixed shift $b = s\,\mu$ ($\mu = 0.5$ per coordinate)",
+        left.set(xlabel=r"scale of a fixed shift $b = s\,\mu$" "\n"
+                        r"($\mu = 0.5$ per coordinate)",
                  ylabel=f"relative change after time {grid.time:g}")
-        left.legend(fontsize=8)
+        left.legend(fontsize=9)
     i = grid.scales.index(1.0) if 1.0 in grid.scales else len(grid.scales) - 1
     for key, colour, marker, label in (("J", PALETTE[3], "o", "full charge $J$"),
                                        ("PJP", PALETTE[0], "s", r"$PJP$")):
         right.semilogy(grid.spreads, getattr(grid, key)[i, :].clamp_min(floor), marker + "-",
                        color=colour, label=label)
-    right.set(xlabel=rf"spread of redrawn shifts (scale {grid.scales[i]:g}; 1 = protocol)")
+    right.set(xlabel=f"spread of redrawn shifts\n(scale {grid.scales[i]:g}; 1 = protocol)")
     right.axhline(CONSERVED, color="0.4", ls=":", lw=1)
     left.axhline(CONSERVED, color="0.4", ls=":", lw=1)
-    right.legend(fontsize=8)
+    right.legend(fontsize=9)
     return fig
 
 
