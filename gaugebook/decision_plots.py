@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from gaugebook.plots import PALETTE
-from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, arm_of,
-                               common_steps, final_statistic, find_results, load_runs,
+from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, _rounded,
+                               arm_of, common_steps, final_statistic, find_results, load_runs,
                                pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
@@ -256,13 +256,6 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
         fig.suptitle(title)
     fig.tight_layout()
     return fig
-
-
-def _rounded(value: float | None, digits: int = 3) -> float | None:
-    """``value`` rounded to ``digits`` decimals, a value that rounds to zero as ``0.0``: a
-    table shows ``0.000``, never ``-0.000`` (``round(-0.0004, 3)`` is ``-0.0``; adding
-    ``0.0`` turns it into ``0.0``)."""
-    return None if value is None else round(value, digits) + 0.0
 
 
 def decision_table(decisions: list[Decision], *, caption: str | None = None) -> Table:

@@ -303,13 +303,20 @@ class Decision:
     def sentence(self) -> str:
         """The verdict in one sentence."""
         def signed(x):  # a value that rounds to zero prints +0.000, never -0.000
-            return f"{round(x, 3) + 0.0:+.3f}"
+            return f"{_rounded(x):+.3f}"
 
         per_seed = ", ".join(signed(d) for d in self.deltas.values())
         verdict = "helps" if self.helps else "does not meet the rule for helping"
         return (f"{self.arm}, {self.symmetry}: breaking {verdict} (mean Delta "
                 f"{signed(self.mean)}, 95% t-interval [{signed(self.interval[0])}, "
                 f"{signed(self.interval[1])}], seeds {per_seed})")
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    """``value`` rounded to ``digits`` decimals, a value that rounds to zero as ``0.0``, so that
+    it prints ``0.000``, never ``-0.000`` (``round(-0.0004, 3)`` is ``-0.0``; adding ``0.0``
+    makes it ``0.0``)."""
+    return None if value is None else round(value, digits) + 0.0
 
 
 def pairs_by_seed(runs: list[Run], arm: str, symmetry: str) -> dict[int, tuple[Run, Run]]:
@@ -332,7 +339,8 @@ def pairs_by_seed(runs: list[Run], arm: str, symmetry: str) -> dict[int, tuple[R
 
 
 def partner_pairs(runs: list[Run], *, skip_unpaired: bool = False) -> list[tuple[Run, Run]]:
-    """Every broken run with its symmetric partner (same arm, activation and seed): ``[(broken, partner)]`` in the order of ``runs``, for gains such as
+    """Every broken run with its symmetric partner (same arm, activation and seed):
+    ``[(broken, partner)]`` in the order of ``runs``, for gains such as
     ``score(broken) - score(partner)``. ValueError when a partner is not unique, or missing
     (unless ``skip_unpaired``: then that run is left out)."""
     partners: dict[tuple[str, str, int], list[Run]] = {}
@@ -397,11 +405,11 @@ def probe_mcnemar(probes: dict, reference: dict) -> PairedProbes:
     tasks = sorted(t for t in probes if t != "mean")
     if tasks != sorted(t for t in reference if t != "mean"):
         raise ValueError("the two were scored on different tasks")
+    if not (_has_answers(probes) and _has_answers(reference)):
+        raise ValueError("no per-instance answers ('correct'); probes recorded before "
+                         "2026-12-05 can only be compared with probe_standard_error")
     gained = lost = n = 0
     for task in tasks:
-        if "correct" not in probes[task] or "correct" not in reference[task]:
-            raise ValueError(f"{task}: no per-instance answers ('correct'); probes recorded "
-                             "before 2026-12-05 can only be compared with probe_standard_error")
         a, b = probes[task]["correct"], reference[task]["correct"]
         if len(a) != len(b):
             raise ValueError(f"{task}: {len(a)} instances against {len(b)}: score both models "
@@ -475,8 +483,8 @@ def _gains_and_predictors(runs: list[Run]):
 def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str, Correlation]:
     """The test of "alignment predicts puzzle gains better than the loss does" (chapter 18):
     each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
-    (:func:`partner_pairs`), rank-correlated (:func:`~gaugebook.stats.rank_correlation`) with the broken run's
-    two alignment scores and with its change of the validation statistic (broken minus partner,
+    (:func:`partner_pairs`), rank-correlated (:func:`~gaugebook.stats.rank_correlation`) with
+    the broken run's two alignment scores and with its change of the validation statistic (broken minus partner,
     :func:`final_statistic`). ``within_arms`` (default): permutations and bootstrap within each
     optimizer arm, so that differences between optimizers cannot make a correlation. Keyed by
     the predictors' names as a sentence says them ("in-context alignment", "static-key
@@ -489,8 +497,8 @@ def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str,
 def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
     """The comparative statistic of the same claim (``results/README.md``): for each alignment
     score, ``D = rho(alignment, gain) - rho(-(change of validation loss), gain)`` within
-    optimizer arms, with its bootstrap interval (:func:`~gaugebook.stats.rank_correlation_difference`;
-    ``options`` go to it). D > 0: alignment ranks the gains better than the drop of the loss."""
+    optimizer arms, with its bootstrap interval
+    (:func:`~gaugebook.stats.rank_correlation_difference`; ``options`` go to it). D > 0: alignment ranks the gains better than the drop of the loss."""
     gain, predictors, arms = _gains_and_predictors(runs)
     drop = [-x for x in predictors.pop("change of validation loss")]
     return {name: rank_correlation_difference(x, drop, gain, strata=arms, **options)

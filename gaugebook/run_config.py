@@ -127,11 +127,11 @@ class RunConfig:
 
     def _check_trainer_hp(self) -> None:
         hp = self.optimizer_hp
-        owned = [TRAINER_OWNED[k] for k in hp if k in TRAINER_OWNED]
-        if owned:
-            raise ValueError("the trainer sets these optimizer settings itself: "
-                             + "; ".join(owned))
         if self.optimizer == "ecd":
+            owned = [TRAINER_OWNED[k] for k in hp if k in TRAINER_OWNED]
+            if owned:
+                raise ValueError("the trainer sets these ECD settings itself: "
+                                 + "; ".join(owned))
             projection = hp.get("projection", "global")
             if projection not in PROJECTIONS:
                 raise ValueError(f"unknown ECD projection {projection!r}; valid: {PROJECTIONS}")

@@ -246,6 +246,12 @@ def test_optimizer_settings_the_trainer_owns_are_refused_before_training(key, va
         tiny(optimizer="ecd", optimizer_hp=hp)
 
 
+def test_adamw_keeps_its_own_fused_setting():
+    """The trainer sets ``fused`` for ECD only: AdamW's ``fused`` is the user's to choose."""
+    cfg = tiny(optimizer_hp=dict(lr=1e-3, fused=False))
+    assert cfg.optimizer == "adamw" and cfg.optimizer_hp["fused"] is False
+
+
 def test_concurrent_workers_report_only_this_calls_failures(tmp_path):
     """Two worker processes train two runs; another run's error file, left by an earlier call,
     is not this call's failure."""
