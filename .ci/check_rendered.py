@@ -23,9 +23,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   records whether exactly one frame is visible, whether it changed and whether it fits its
   column (the window is 1280 px wide). A figure that shows no frame, a control move after which
   the figure did not change, or a frame wider than the column fails the page;
-* widths: no shown code cell (folded ``hide-input`` cells aside) and no output scrolls sideways
-  in the 1280 px window, measured in the page (the book's visible code and printed text are at
-  most 88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
+* widths: no code cell (folded ``hide-input`` cells opened) and no output scrolls sideways
+  in the 1280 px window, measured in the page (the book's code and printed text are at most
+  88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
   table wider than its cell's output area; nor does any displayed equation (the theme lets a
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
@@ -152,17 +152,18 @@ RECORDER = """<script>(function () {
   }, 1500); });
 })();</script>""" % ERRORS_ID
 WIDTHS_ID = "gb-widths"
-# Run on every page after load: which shown code cells (inputs; not the folded ones) and outputs
-# (text, tables) scroll sideways in the 1280 px window (wider than their box); either fails the
-# page (the book's visible code and printed text are at most 88 columns, which the book's style
-# sheet makes fit).
+# Run on every page after load: which code cells (inputs, folded ones opened first: a reader is
+# one click from them) and outputs (text, tables) scroll sideways in the 1280 px window (wider
+# than their box); either fails the page (the book's code and printed text are at most 88
+# columns, which the book's style sheet makes fit).
 WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(function () {
+  var folds = document.querySelectorAll(".tag_hide-input details, .tag_hide-cell details");
+  for (var f = 0; f < folds.length; f++) { folds[f].open = true; }
   var scrolls = function (selector) {
     var out = [], blocks = document.querySelectorAll(selector);
     for (var i = 0; i < blocks.length; i++) {
       var b = blocks[i];
-      var folded = b.closest(".tag_hide-input, .tag_hide-cell");  // one click away
-      if (!folded && b.offsetParent !== null && b.scrollWidth > b.clientWidth + 1) {
+      if (b.offsetParent !== null && b.scrollWidth > b.clientWidth + 1) {
         out.push(b.textContent.split("\\n").sort(function (x, y) { return y.length - x.length; })[0]
                  .slice(0, 100));
       }
