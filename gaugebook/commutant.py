@@ -81,12 +81,17 @@ def commutator_map(matrices) -> torch.Tensor:
 def commutant(matrices, *, rtol: float | None = None) -> Commutant:
     """Basis of ``{X in R^{d x d} : X R = R X for all R in matrices}`` (SVD null space).
 
-    Examples: one rotation plane turning at a non-zero angle has the commutant
-    ``{a I + b J}`` (dimension 2, the complex numbers); the identity has all of ``gl(d)``.
+    Examples: one rotation plane turning by an angle that is not a multiple of pi has the
+    commutant ``{a I + b J}`` (dimension 2, the complex numbers); the identity, and ``-I`` (a
+    turn by pi), have all of ``gl(d)``. The rank tolerance is relative to ``2 max_i |R_i|_2``,
+    the size of the commutator map unless it vanishes, so that a map that is round-off (``R``
+    equal to ``+-I`` up to rounding) has rank 0.
     """
-    A = commutator_map(matrices)
+    R = _as_stack(matrices)
+    A = commutator_map(R)
     d = math.isqrt(A.shape[1])
     _, s, Vh = torch.linalg.svd(A, full_matrices=False)  # s (d^2,), Vh (d^2, d^2): n d^2 >= d^2
-    rank, tol, gap = numerical_rank(s, A.shape, rtol)
+    scale = 2 * torch.linalg.matrix_norm(R, ord=2).max().item()
+    rank, tol, gap = numerical_rank(s, A.shape, rtol, scale=scale)
     basis = Vh[rank:].reshape(-1, d, d)  # rows of Vh are orthonormal
     return Commutant(basis, s, tol, gap)

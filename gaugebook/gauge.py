@@ -20,8 +20,8 @@ head ``h`` (``g(h) = h`` in MHA), the primitives are
   constant output shift.
 
 With RoPE the QK matrices must commute with every rotation ``R_t``: per rotation plane a
-complex scalar ``a I + b J`` (``a I`` alone for gated RoPE), and any invertible block on the
-unrotated coordinates.
+complex scalar ``a I + b J`` (``a I`` alone for gated RoPE), and on the unrotated coordinates
+any invertible block (a diagonal one for gated RoPE, whose gates act coordinate by coordinate).
 
 Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``. Each primitive is a
 factor of :mod:`gaugebook.lie` (its action, inverse, and for the continuous ones its Lie algebra
@@ -49,6 +49,7 @@ from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F40
 from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
                            gl_basis, identity, rope_commutant_basis, unit_basis)
 from gaugebook.linalg import DTYPE, random_gl, relative_change, spread
+from gaugebook.rope import check_rotary_dim
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
@@ -183,6 +184,9 @@ class HeadPermutation(PermutationFactor):
         return groups[:, 0]
 
     def check(self, m):
+        if self.perm.ndim != 1:
+            raise ValueError(f"HeadPermutation.perm must be one permutation [n_heads], got shape "
+                             f"{tuple(self.perm.shape)}")
         _expect(m, "HeadPermutation", n_heads=len(self.perm))
         self.kv_permutation(m.group_size)
 
@@ -299,12 +303,10 @@ def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: 
     On plane ``(i, i + r/2)`` it is ``rho (cos phi S_i + sin phi J_i)`` (a complex scalar;
     ``phi = 0`` and ``rho`` of either sign for gated RoPE, whose coordinate-wise gates forbid the
     rotation); on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one
-    for gated RoPE). Condition number ``cond``.
+    for gated RoPE). Condition number ``cond``, except for a single plane and no unrotated
+    coordinate (``d_head = r = 2``), where every element is a scaled rotation (condition 1).
     """
-    if not (isinstance(rotary_dim, int) and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
-        raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
-                         f"got {rotary_dim!r}")
-    half, rest = rotary_dim // 2, d_head - rotary_dim
+    half, rest = check_rotary_dim(d_head, rotary_dim) // 2, d_head - rotary_dim
     scales = spread(half + rest, cond, generator=generator)
     rho, s_rest = scales[:half], scales[half:]
 
@@ -361,7 +363,8 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
     """A random element of ``module``'s full continuous gauge group (times a head permutation).
 
     Every attention layer inside ``module`` gets its own QK and VO matrices (each of 2-norm
-    condition number ``cond``; RoPE-commuting where RoPE is on), a head permutation and, with
+    condition number ``cond``; RoPE-commuting where RoPE is on, with the exception that
+    :func:`rope_commutant_element` states), a head permutation and, with
     biases, a value-bias shift and a key-bias shift on the coordinates that RoPE does not rotate
     (:meth:`KeyBiasShift.free`).
     """

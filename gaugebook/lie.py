@@ -71,6 +71,7 @@ from torch import nn
 from torch.func import jvp, vmap
 
 from gaugebook.linalg import DTYPE, check_invertible, check_permutation
+from gaugebook.rope import check_rotary_dim
 
 __all__ = ["Factor", "ContinuousFactor", "MatrixFactor", "TranslationFactor", "ScalingFactor",
            "PermutationFactor", "GaugeElement", "identity", "tangent_map",
@@ -357,8 +358,8 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
     ``trainable_only=False``). ``options``: the factor's other fields. Float64."""
     module = model.get_submodule(target)
     basis = family.lie_basis(module, **options) if basis is None else basis
-    params = float64_parameters(model, trainable_only=trainable_only)
-    names = list(params)
+    params = float64_parameters(model, trainable_only=False)  # the action may read frozen ones
+    names = list(float64_parameters(model, trainable_only=trainable_only))
     n_params = sum(params[n].numel() for n in names)
     if len(basis) == 0:
         return torch.zeros(n_params, 0, dtype=DTYPE)
@@ -374,18 +375,19 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
 
 
 def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict,
-                 target: str = "", shape=None) -> torch.Tensor:
+                 target: str = "", shape=None, **options) -> torch.Tensor:
     """``mu [*shape]`` with ``<mu, X> = <p, d/dt exp(t X) . theta>`` for every ``X`` of that
     shape: the momentum ``p`` (``momenta``, float64 tensors keyed like the target's parameters)
     dotted with every generator, by one reverse-mode pass through the action. ``shape`` is the
-    family's parameter shape (default: that of ``lie_basis``)."""
+    family's parameter shape (default: that of ``lie_basis``); ``options``: the factor's other
+    fields, as in :func:`tangent_map`."""
     module = model.get_submodule(target)
-    shape = family.lie_basis(module).shape[1:] if shape is None else shape
+    shape = family.lie_basis(module, **options).shape[1:] if shape is None else shape
     with torch.inference_mode(False), torch.enable_grad():  # callable from no-grad code
         params = float64_parameters(module)
         X = torch.zeros(shape, dtype=DTYPE, device=next(iter(params.values())).device,
                         requires_grad=True)
-        moved = family.near_identity(X).transform(params, module)
+        moved = family.near_identity(X, **options).transform(params, module)
         p = {n: t.clone() if t.is_inference() else t for n, t in momenta.items()}
         pairing = sum((p[n] * t).sum() for n, t in moved.items())
         return torch.autograd.grad(pairing, X)[0]
@@ -420,6 +422,8 @@ def rope_commutant_basis(d_head: int, rotary_dim: int, gated: bool = False) -> t
     gated RoPE, whose coordinate-wise gates forbid rotations); on the ``u = d_head - r``
     unrotated coordinates all of ``gl(u)`` (its diagonal for gated RoPE). Dimension ``r + u^2``,
     gated ``r/2 + u``."""
+    if rotary_dim != 0:
+        check_rotary_dim(d_head, rotary_dim)
     half, basis = rotary_dim // 2, []
     for i in range(half):
         S = torch.zeros(d_head, d_head, dtype=DTYPE)
@@ -449,10 +453,7 @@ def rope_plane_breaking_basis(d_head: int, rotary_dim: int, plane: int) -> torch
     symmetry of a plane that does not turn, a near-symmetry of one that turns little over the
     context (chapter 6). With :func:`rope_commutant_basis`'s ``S_i`` and ``J_i`` they span all
     ``X`` supported on the plane."""
-    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d_head:
-        raise ValueError(f"rotary_dim must be a positive even number <= d_head={d_head}, got "
-                         f"{rotary_dim}")
-    half = rotary_dim // 2
+    half = check_rotary_dim(d_head, rotary_dim) // 2
     if not 0 <= plane < half:
         raise ValueError(f"plane must be in [0, {half}) for rotary_dim={rotary_dim}, got {plane}")
     i, j = plane, plane + half
@@ -477,7 +478,7 @@ def factor_redundancy(m: int, n: int, k: int) -> int:
 
 def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, d_head: int,
                     d_value: int, bias: bool, rope: bool | str = False,
-                    rotary_dim: int = 0) -> dict[str, int]:
+                    rotary_dim: int | None = None) -> dict[str, int]:
     """Redundant directions of one attention layer at generic weights, by sector:
     ``qk_gauge``, ``key_bias``, ``vo_gauge``, ``value_bias``.
 
@@ -493,7 +494,16 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
       (per coordinate 1 with gated RoPE, whose gates stop ``b_K`` cancelling).
     * VO: ``factor_redundancy(d_in, G d_out, d_value)`` (``= d_value^2``), plus ``d_value`` from
       ``b_V``, whose contribution ``b_V W_O`` is a constant that ``b_O`` absorbs.
+
+    ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
+    RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE.
     """
+    if rope not in (False, True, "gated"):
+        raise ValueError(f"rope must be False, True or 'gated', got {rope!r}")
+    if rope:
+        rotary_dim = check_rotary_dim(d_head, d_head if rotary_dim is None else rotary_dim)
+    elif rotary_dim:
+        raise ValueError(f"rotary_dim={rotary_dim} needs rope=True or 'gated'")
     D, G, b = d_in, group_size, int(bias)
     u = d_head - rotary_dim if rope else d_head
     if rope == "gated":

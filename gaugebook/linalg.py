@@ -20,7 +20,10 @@ def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
     """``max |new - old| / max |old|`` over all entries: how much a tensor (an output, a score
     matrix) changed, relative to its own size. For a layer, pass its outputs:
     ``relative_change(m_new(X), m(X))``. An all-zero ``old`` has no size to compare with
-    (ValueError)."""
+    (ValueError), and so do tensors of different shapes (which would broadcast)."""
+    if new.shape != old.shape:
+        raise ValueError(f"relative_change compares tensors of one shape, got "
+                         f"{tuple(new.shape)} and {tuple(old.shape)}")
     with torch.no_grad():
         scale = old.abs().max()
         if scale == 0:
@@ -39,6 +42,8 @@ def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> 
     """``n`` positive numbers in ``[cond^{-1/2}, cond^{1/2}]``, log-uniform, in random order, whose
     largest/smallest ratio is exactly ``cond`` (for ``n >= 2``; a single number is 1)."""
     cond = check_number("the condition number cond", cond, low=1.0, strict=False)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
     if n == 1:
         return torch.ones(1, dtype=DTYPE)
     u = torch.rand(n, generator=generator, dtype=DTYPE)
@@ -55,14 +60,18 @@ def random_gl(n: int, cond: float, *, generator: torch.Generator | None = None) 
         random_orthogonal(n, generator=generator).T
 
 
-def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None) -> tuple[int, float, float]:
+def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None, *,
+                   scale: float = 0.0) -> tuple[int, float, float]:
     """``(rank, tolerance, gap)`` of a matrix of ``shape`` from its singular values ``s``
     (descending).
 
-    A singular value counts as zero when it is at most ``tolerance = rtol * s_max``, by default
-    ``rtol = max(shape) * eps_float64`` (the convention of ``numpy.linalg.matrix_rank``);
-    ``gap = s_rank / s_{rank+1}``, the last kept over the first dropped value, is infinite when
-    nothing is kept or nothing dropped. An empty or all-zero ``s`` has rank 0.
+    A singular value counts as zero when it is at most ``tolerance = rtol * max(s_max, scale)``,
+    by default ``rtol = max(shape) * eps_float64`` (the convention of ``numpy.linalg.matrix_rank``).
+    ``scale`` is the size the matrix has when it is not zero, for a matrix built from others that
+    may cancel to round-off (a commutator with ``-I``): its ``s_max`` is then round-off itself and
+    no measure of what is small. ``gap = s_rank / s_{rank+1}``, the last kept over the first
+    dropped value, is infinite when nothing is kept or nothing dropped. An empty or all-zero
+    ``s`` has rank 0.
     """
     if rtol is not None:
         rtol = check_number("rtol", rtol, low=0.0, strict=False)
@@ -70,7 +79,7 @@ def numerical_rank(s: torch.Tensor, shape, rtol: float | None = None) -> tuple[i
         rtol = max(shape) * torch.finfo(DTYPE).eps
     if s.numel() == 0 or s[0] == 0:
         return 0, 0.0, math.inf
-    tolerance = rtol * s[0].item()
+    tolerance = rtol * max(s[0].item(), scale)
     rank = int((s > tolerance).sum())
     gap = (s[rank - 1] / s[rank]).item() if 0 < rank < len(s) else math.inf
     return rank, tolerance, gap
@@ -110,6 +119,10 @@ def loglog_slope(x: torch.Tensor, y: torch.Tensor) -> float:
     if y.shape[0] != x.shape[0] or x.ndim != 1:
         raise ValueError(f"x must be [n] and y [n] or [n, k], got {tuple(x.shape)} and "
                          f"{tuple(y.shape)}")
+    for name, v in (("x", x), ("y", y)):
+        if not (torch.isfinite(v).all() and (v > 0).all()):
+            raise ValueError(f"a log-log slope needs positive, finite {name}, got "
+                             f"{v.flatten()[:8].tolist()}{'...' if v.numel() > 8 else ''}")
     design = torch.stack([torch.ones_like(x), x.log10()], 1)  # (n, 2)
     return torch.linalg.lstsq(design, y.log10()).solution[1].mean().item()
 

@@ -125,6 +125,7 @@ def balancing_element(m: MultiHeadAttention) -> GaugeElement:
     commutant cannot balance a general pair).
     """
     _check(m)
+    check_finite_tensors(m)
     if m.rope:
         raise ValueError("balancing_element needs a layer without RoPE")
     W = grouped_weights(m)  # augmented and grouped per key/value head

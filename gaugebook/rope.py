@@ -8,15 +8,29 @@ scores depend on the relative position only.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def rope_frequencies(rotary_dim: int, base: float = 10000.0, *, dtype=torch.float64) -> torch.Tensor:
-    """Angular frequencies ``theta_i = base^{-2i/rotary_dim}``, ``i < rotary_dim/2``.  # [rotary_dim/2]"""
+def check_rotary_dim(d_head: int, rotary_dim) -> int:
+    """``rotary_dim``, checked to be an even integer in ``(0, d_head]``: the rotated coordinates
+    pair up as planes, and a head has only ``d_head`` of them. ValueError otherwise."""
+    if not (isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
+            and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
+        raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
+                         f"got {rotary_dim!r}")
+    return rotary_dim
+
+
+def rope_frequencies(rotary_dim: int, base: float = 10000.0, *,
+                     dtype=torch.float64) -> torch.Tensor:
+    """Angular frequencies ``theta_i = base^{-2i/rotary_dim}``, ``i < rotary_dim/2``: shape
+    ``[rotary_dim/2]``."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
-    if base <= 0:
-        raise ValueError(f"RoPE base must be positive, got {base}")
+    if not 0 < base < math.inf:  # (NaN fails too)
+        raise ValueError(f"RoPE base must be positive and finite, got {base}")
     i = torch.arange(rotary_dim // 2, dtype=torch.float64)
     return (base ** (-2.0 * i / rotary_dim)).to(dtype)
 

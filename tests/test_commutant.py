@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -63,6 +65,16 @@ def test_one_generic_matrix_has_a_commutant_of_dimension_d(generator):
     # a matrix with distinct eigenvalues commutes only with polynomials in itself
     A = torch.randn(1, 6, 6, generator=generator, dtype=F64)
     assert commutant(A).dimension == 6
+
+
+@pytest.mark.parametrize("angle", [math.pi, 2 * math.pi])
+def test_a_turn_by_a_multiple_of_pi_commutes_with_everything(angle):
+    # R(pi) = -I and R(2 pi) = I up to rounding: the commutator map is round-off, not rank 2
+    R = rotation_matrix(1.0, torch.tensor([angle], dtype=F64), 2)[None]
+    assert commutant(R).dimension == 4
+    assert commutant(-torch.eye(3, dtype=F64)[None]).dimension == 9
+    near = torch.eye(2, dtype=F64) + 1e-16 * torch.tensor([[0.0, 1.0], [-1.0, 0.0]], dtype=F64)
+    assert commutant(near[None]).dimension == 4
 
 
 def test_scalar_matrices_commute_with_everything():

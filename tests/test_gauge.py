@@ -183,6 +183,8 @@ def test_incompatible_module_is_rejected(generator):
         GaugeElement([HeadPermutation(torch.tensor([0, 2, 1, 3]))]).act(m)
     with pytest.raises(ValueError, match="n_heads=3 but the module has 4"):
         GaugeElement([HeadPermutation(torch.tensor([0, 2, 1]))]).act(m)
+    with pytest.raises(ValueError, match=r"one permutation \[n_heads\], got shape \(2, 4\)"):
+        GaugeElement([HeadPermutation(torch.arange(4).repeat(2, 1))]).act(m)
     with pytest.raises(ValueError, match="bias=True"):
         GaugeElement([ValueBiasShift(torch.zeros(4, 4))]).act(make("mqa", torch.float64, generator))
     with pytest.raises(ValueError, match="permutation"):

@@ -6,7 +6,7 @@ import scipy.linalg
 import torch
 
 from gaugebook.linalg import (loglog_slope, numerical_rank, principal_cosines, random_gl,
-                              remove_components)
+                              relative_change, remove_components)
 
 F64 = torch.float64
 
@@ -73,6 +73,25 @@ def test_loglog_slope_recovers_power_laws_column_by_column():
     assert math.isclose(loglog_slope(x, both), 2.0, rel_tol=1e-12)
     with pytest.raises(ValueError):
         loglog_slope(x, x[:3])
+    for bad in (torch.zeros_like(x), -x, x * float("nan")):  # no log: a clear error
+        with pytest.raises(ValueError, match="positive, finite y"):
+            loglog_slope(x, bad)
+    with pytest.raises(ValueError, match="positive, finite x"):
+        loglog_slope(-x, x)
+
+
+def test_numerical_rank_scale_judges_a_map_of_round_off():
+    s = torch.tensor([2e-16, 1e-16], dtype=F64)  # all round-off of a map of size 2
+    assert numerical_rank(s, (4, 2))[0] == 2  # relative to its own s_max: "full rank"
+    assert numerical_rank(s, (4, 2), scale=2.0)[0] == 0
+
+
+def test_relative_change_and_spread_refuse_what_would_mislead():
+    with pytest.raises(ValueError, match="one shape"):
+        relative_change(torch.ones(2, 3), torch.ones(3))  # would broadcast to a number
+    for n in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="positive integer"):
+            random_gl(n, 2.0)
 
 
 @pytest.mark.parametrize("cond", [0.5, float("nan"), float("inf")])

@@ -133,3 +133,8 @@ def test_balancing_rejects_rope_and_rank_deficiency(generator):
     wide = MultiHeadAttention(3, 1, 5, dtype=DTYPE, generator=generator)  # d_head > d_model
     with pytest.raises(ValueError, match="rank deficient"):
         balancing_element(wide)
+    broken = MultiHeadAttention(8, 2, 4, dtype=DTYPE, generator=generator)
+    with torch.no_grad():
+        broken.W_Q[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="W_Q of MultiHeadAttention is not finite"):
+        balancing_element(broken)

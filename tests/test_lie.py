@@ -1,0 +1,77 @@
+"""gaugebook.lie and gaugebook.rope: tangent and momentum maps with frozen parameters and factor
+options, and the one rule for ``rotary_dim`` (a positive even number at most ``d_head``)."""
+import pytest
+import torch
+
+from gaugebook.attention import MultiHeadAttention
+from gaugebook.gauge import ValueBiasShift
+from gaugebook.gpt import GPT, GPTConfig
+from gaugebook.gpt_gauge import LayerNormScale
+from gaugebook.lie import (attention_terms, momentum_map, rope_commutant_basis,
+                           rope_plane_breaking_basis, tangent_map)
+from gaugebook.redundancy import predicted_redundancy
+from gaugebook.rope import check_rotary_dim, rope_frequencies
+
+F64 = torch.float64
+
+
+def test_tangent_map_reads_frozen_parameters_the_action_needs():
+    # b_O moves by -t W_O: with W_O frozen the action still reads it; its rows are left out
+    layer = MultiHeadAttention(6, 2, 3, bias=True, dtype=F64,
+                               generator=torch.Generator().manual_seed(0))
+    full = tangent_map(layer, ValueBiasShift, trainable_only=False)
+    layer.W_O.requires_grad_(False)
+    frozen = tangent_map(layer, ValueBiasShift)
+    keep = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in layer.parameters()])
+    assert frozen.shape == (int(keep.sum()), full.shape[1])
+    assert torch.equal(frozen, full[keep])
+
+
+def test_momentum_map_takes_the_factors_options():
+    # <mu, X> = <p, T X>: the momentum map of ln_2's scaling is T^T p with T for ln_2
+    torch.manual_seed(0)
+    block = GPT(GPTConfig(11, 4, 1, 2, 6)).double().blocks[0]
+    g = torch.Generator().manual_seed(1)
+    momenta = {n: torch.randn(q.shape, generator=g, dtype=F64)
+               for n, q in block.named_parameters()}
+    mu = momentum_map(block, LayerNormScale, momenta, which="ln_2")
+    T = tangent_map(block, LayerNormScale, which="ln_2")  # (n_params, D)
+    p = torch.cat([momenta[n].reshape(-1) for n, _ in block.named_parameters()])
+    assert torch.allclose(mu, T.T @ p, atol=1e-12)
+    assert not torch.allclose(mu, momentum_map(block, LayerNormScale, momenta), atol=1e-6)
+
+
+@pytest.mark.parametrize("rotary_dim", [0, 3, 6, -2, 2.0, True])
+def test_check_rotary_dim_refuses_what_no_head_can_rotate(rotary_dim):
+    with pytest.raises(ValueError, match="positive even number at most d_head=4"):
+        check_rotary_dim(4, rotary_dim)
+    with pytest.raises(ValueError, match="positive even number at most d_head=4"):
+        MultiHeadAttention(8, 2, 4, rope=True, rotary_dim=rotary_dim)
+    if rotary_dim != 0:  # 0 is "no RoPE" for the commutant basis
+        with pytest.raises(ValueError, match="positive even number at most d_head=4"):
+            rope_commutant_basis(4, rotary_dim)
+        with pytest.raises(ValueError, match="positive even number at most d_head=4"):
+            rope_plane_breaking_basis(4, rotary_dim, 0)
+
+
+def test_attention_terms_default_to_full_rotary_as_the_layer_does():
+    for rope in (True, "gated"):
+        layer = MultiHeadAttention(8, 2, 4, bias=True, rope=rope)
+        counted = attention_terms(d_in=8, d_out=8, n_kv_heads=2, group_size=1, d_head=4,
+                                  d_value=4, bias=True, rope=rope)
+        assert sum(counted.values()) == predicted_redundancy(layer)
+    plain = attention_terms(d_in=8, d_out=8, n_kv_heads=2, group_size=1, d_head=4, d_value=4,
+                            bias=True)
+    assert sum(plain.values()) == predicted_redundancy(MultiHeadAttention(8, 2, 4, bias=True))
+    with pytest.raises(ValueError, match="rope must be"):
+        attention_terms(d_in=8, d_out=8, n_kv_heads=2, group_size=1, d_head=4, d_value=4,
+                        bias=True, rope="Gated")
+    with pytest.raises(ValueError, match="needs rope"):
+        attention_terms(d_in=8, d_out=8, n_kv_heads=2, group_size=1, d_head=4, d_value=4,
+                        bias=True, rotary_dim=2)
+
+
+@pytest.mark.parametrize("base", [0.0, -1.0, float("nan"), float("inf")])
+def test_rope_frequencies_need_a_positive_finite_base(base):
+    with pytest.raises(ValueError, match="positive and finite"):
+        rope_frequencies(4, base)
