@@ -38,8 +38,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
-                             ValueBiasShift, VOTransform, grouped_weights)
+                             ValueBiasShift, VOTransform, attention_modules, grouped_weights)
 from gaugebook.gpt import GPT
 from gaugebook.gpt_gauge import HiddenPermutation, ResidualPermutation, residual_axes
 from gaugebook.lie import float64_parameters
@@ -47,7 +48,8 @@ from gaugebook.linalg import DTYPE, ZERO_RTOL, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
-           "parameter_distance", "loss_barrier", "sample_align", "SampledAlignment"]
+           "parameter_distance", "loss_barrier", "sample_align", "SampledAlignment",
+           "gauge_layers"]
 
 ALIGN_METHODS = ("lstsq", "procrustes")
 
@@ -56,12 +58,40 @@ def _w(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(DTYPE)
 
 
+def _check_no_rope(path: str, m: MultiHeadAttention) -> None:
+    """ValueError when the attention layer ``m`` (at ``path``) uses RoPE."""
+    if m.rope:
+        raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
+                         "commutant of the rotations (chapter 5), but this needs the full "
+                         "GL(d_head) QK group: use a model without RoPE")
+
+
+def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    r"""The attention layers of ``model`` with their paths, checked so that the attention gauge
+    group (``GL(d_k) x GL(d_v)`` per key/value group, head permutations) keeps ``model``'s
+    function: TypeError when there is none, ValueError for a layer with RoPE (its QK group is
+    smaller, chapter 5) or a model with symmetry-breaking biases (``W_Q -> W_Q M`` does not move
+    them, chapter 16). :func:`align_gpt`, :func:`sample_align` and
+    :func:`~gaugebook.sharpness.minimise_over_orbit` refuse models through it."""
+    layers = attention_modules(model)
+    if not layers:
+        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
+    for path, m in layers:
+        _check_no_rope(path, m)
+    breaking = [path or type(m).__name__ for path, m in model.named_modules()
+                if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
+    if breaking:
+        raise ValueError(f"{type(model).__name__} has symmetry-breaking biases ({breaking[0]}): "
+                         "W_Q -> W_Q M does not move them, so the gauge orbit is not a set of "
+                         "equal-loss points (chapter 16): use a model without them "
+                         "(symmetry_breaking=None)")
+    return layers
+
+
 def _check_attention(m: MultiHeadAttention) -> None:
     if not isinstance(m, MultiHeadAttention):
         raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
-    if m.rope:
-        raise ValueError("alignment uses the full GL(d_head) QK group, which RoPE reduces to the "
-                         "commutant of the rotations (chapter 5): RoPE layers are not supported")
+    _check_no_rope("", m)
 
 
 def _check_pair(a: MultiHeadAttention, b: MultiHeadAttention) -> None:
@@ -242,12 +272,9 @@ def _check_gpt_pair(model_a: GPT, model_b: GPT) -> None:
     for m in (model_a, model_b):
         if not isinstance(m, GPT):
             raise TypeError(f"expected a GPT, got {type(m).__name__}")
-        if m.config.symmetry_breaking is not None:
-            raise ValueError("models with symmetry-breaking biases are not supported")
+        gauge_layers(m)
     if model_a.config != model_b.config:
         raise ValueError(f"the models' configs differ: {model_a.config} vs {model_b.config}")
-    for block in model_a.blocks:
-        _check_attention(block.attn)
 
 
 def match_residual(model_a: GPT, model_b: GPT) -> torch.Tensor:
@@ -373,14 +400,12 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     permutation is uniform. As in the source, the identity is not a candidate. Only the attention
     layers' per-head tensors change, so each distance is computed from them and the fixed rest
     (the same number as acting on the whole model; the returned model is the library's action).
+    ``model_b`` must pass :func:`gauge_layers` (no RoPE, no symmetry-breaking biases).
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be positive, got {n_samples}")
-    layers = [(n, m) for n, m in model_b.named_modules() if isinstance(m, MultiHeadAttention)]
-    if not layers:
-        raise TypeError(f"{type(model_b).__name__} contains no MultiHeadAttention")
+    layers = gauge_layers(model_b)
     for _, m in layers:
-        _check_attention(m)
         if m.group_size != 1:
             raise ValueError("sample_align supports one key/value head per query head")
     start = time.perf_counter()

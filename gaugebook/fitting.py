@@ -11,11 +11,26 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from gaugebook.data.stream import Batch
+
 __all__ = ["fit", "random_token_batches"]
 
 
 def _gpt_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return model(x, y)[1]  # a GPT returns (logits, mean cross-entropy)
+
+
+def _pair(batch, t: int) -> tuple:
+    """Step ``t``'s ``(x, y)``: ``batch`` itself, or a :class:`Batch`'s inputs and targets."""
+    if isinstance(batch, Batch):
+        return batch.inputs, batch.targets
+    try:
+        x, y = batch
+    except (TypeError, ValueError):
+        size = f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+        raise ValueError(f"batch {t} must be an (x, y) pair or a Batch, got a "
+                         f"{type(batch).__name__}{size}") from None
+    return x, y
 
 
 def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Iterable,
@@ -26,7 +41,9 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
 
     Step ``t = 0, ..., steps - 1`` takes its batch ``x, y = batches(t)`` (a callable of the step,
     so that a step's data do not depend on what ran before) or the next item of ``batches`` (an
-    iterable), and calls ``optimizer.step(closure)`` with the closure
+    iterable, such as :meth:`~gaugebook.data.DefaultCorpus.batches`); a batch is an ``(x, y)``
+    pair or a :class:`~gaugebook.data.Batch` (its ``inputs`` and ``targets``). It calls
+    ``optimizer.step(closure)`` with the closure
 
     .. math::
         \\text{zero the gradients}, \\quad L = \\ell(\\theta; x, y), \\quad
@@ -51,7 +68,7 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
     losses = []
     for t in range(steps):
         try:
-            x, y = batches(t) if stream is None else next(stream)
+            x, y = _pair(batches(t) if stream is None else next(stream), t)
         except StopIteration:
             raise ValueError(f"batches ran out after {t} of {steps} steps") from None
 

@@ -217,11 +217,6 @@ def _check_moe(moe) -> None:
         raise TypeError(f"expected a MoE, got {type(moe).__name__}")
 
 
-def _permutation(perm, n: int, what: str) -> torch.Tensor:
-    """``perm`` checked on the CPU (the factor moves it to the parameters' device)."""
-    return check_permutation(perm, n, what)
-
-
 @dataclass(frozen=True, eq=False)
 class ExpertPermutation(PermutationFactor):
     """Expert ``i`` of the result is expert ``perm[i]``; the router's columns (and bias
@@ -319,7 +314,8 @@ def permute_experts(moe: MoE, perm) -> MoE:
     """Expert ``i`` of the result is expert ``perm[i]`` of ``moe``
     (:class:`ExpertPermutation`); the function is unchanged."""
     _check_moe(moe)
-    return GaugeElement([ExpertPermutation(_permutation(perm, moe.n_experts, "perm"))]).act(moe)
+    perm = check_permutation(perm, moe.n_experts, "perm")
+    return GaugeElement([ExpertPermutation(perm)]).act(moe)
 
 
 def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
@@ -348,7 +344,7 @@ def permute_hidden(moe: MoE, perm) -> MoE:
     expert (unit ``j`` of expert ``e`` in the result is unit ``perm[e, j]`` of ``moe``;
     :class:`ExpertHiddenPermutation`)."""
     _check_moe(moe)
-    perm = torch.as_tensor(perm, dtype=torch.long)
+    perm = torch.as_tensor(perm)  # its dtype as given: the factor refuses float indices
     if perm.shape != (moe.n_experts, moe.d_hidden):
         raise ValueError(f"perm must have shape [n_experts, d_hidden] = "
                          f"[{moe.n_experts}, {moe.d_hidden}], got {tuple(perm.shape)}")

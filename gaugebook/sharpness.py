@@ -36,7 +36,8 @@ Key- and value-bias translations are not searched (a key-bias shift is a transla
 ``f`` is constant, so it does not change ``H`` at all; the value-bias shift does). RoPE layers are
 refused: their QK group is only the commutant of the rotations (chapter 5). So are models with
 symmetry-breaking biases (chapter 16): ``W_Q -> W_Q M`` does not move the unlearned query bias,
-so the orbit is no longer a set of equal-loss points.
+so the orbit is no longer a set of equal-loss points
+(:func:`~gaugebook.alignment.gauge_layers` checks both).
 """
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 from torch.func import grad, jvp
 
-from gaugebook.attention import MultiHeadAttention, math_attention
+from gaugebook.alignment import gauge_layers
+from gaugebook.attention import math_attention
 from gaugebook.checks import check_finite_tensors
-from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
-from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, attention_modules
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
 from gaugebook.linalg import DTYPE
 from gaugebook.redundancy import FlatModel
 
@@ -145,13 +146,31 @@ def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rt
     r"""The eigenvalue of largest magnitude of :math:`H = \nabla^2 f(\theta)` by power iteration.
 
     Stops when the Rayleigh quotient changes by at most ``rtol`` (relative) between iterations;
-    ``v0`` warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
+    ``v0`` (``theta``'s shape, finite, non-zero; cast to ``theta``'s dtype and device)
+    warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
     geometric with ratio ``|lambda_2 / lambda_1|``: ``residual`` says how far it got.
     """
     if max_iter < 1:
         raise ValueError(f"max_iter must be positive, got {max_iter}")
-    v = torch.randn(theta.shape, generator=generator, dtype=theta.dtype) if v0 is None else v0
+    if v0 is None:  # drawn on the CPU (the same numbers on every device), then moved
+        v = torch.randn(theta.shape, generator=generator, dtype=theta.dtype).to(theta.device)
+    else:
+        v = _start_vector(v0, theta)
     return _power_iteration(lambda u: hessian_vector_product(f, theta, u), v, max_iter, rtol)
+
+
+def _start_vector(v0, theta: torch.Tensor) -> torch.Tensor:
+    """``v0`` as a start of power iteration at ``theta``: of its shape, finite and non-zero (a
+    zero vector stays zero), cast to its dtype and device."""
+    v0 = torch.as_tensor(v0).detach()
+    if v0.shape != theta.shape or v0.is_complex():
+        raise ValueError(f"v0 must be a real vector of theta's shape {tuple(theta.shape)}, got "
+                         f"shape {tuple(v0.shape)} and dtype {v0.dtype}")
+    v0 = v0.to(dtype=theta.dtype, device=theta.device)
+    if not torch.isfinite(v0).all() or not v0.any():
+        raise ValueError("v0 must be finite and non-zero (power iteration keeps a zero vector "
+                         "at zero); pass v0=None for a random start")
+    return v0
 
 
 @dataclass(frozen=True)
@@ -173,7 +192,8 @@ def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
         raise ValueError(f"n_samples must be at least 2, got {n_samples}")
     samples = []
     for _ in range(n_samples):
-        z = torch.randint(0, 2, theta.shape, generator=generator).to(theta.dtype) * 2 - 1
+        z = torch.randint(0, 2, theta.shape, generator=generator)  # on the CPU, then moved
+        z = z.to(theta.device, theta.dtype) * 2 - 1
         samples.append(torch.dot(z, hessian_vector_product(f, theta, z)).item())
     s = torch.tensor(samples, dtype=DTYPE)
     return TraceEstimate(s.mean().item(), (s.std() / n_samples ** 0.5).item(), n_samples)
@@ -201,23 +221,6 @@ class OrbitMinimum:
 
 def _sym(S: torch.Tensor) -> torch.Tensor:
     return (S + S.transpose(-1, -2)) / 2
-
-
-def _layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
-    layers = attention_modules(model)
-    if not layers:
-        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
-    rope = [name or "the module" for name, m in layers if m.rope]
-    if rope:
-        raise ValueError(f"orbit minimisation needs the full GL(d_head) QK group, but {rope[0]} "
-                         "uses RoPE (whose QK group is only the commutant of the rotations)")
-    breaking = [name or type(m).__name__ for name, m in model.named_modules()
-                if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
-    if breaking:
-        raise ValueError(f"{type(model).__name__} has symmetry-breaking biases ({breaking[0]}): "
-                         "W_Q -> W_Q M does not move them, so the gauge orbit is not a set of "
-                         "equal-loss points (chapter 16)")
-    return layers
 
 
 def _spd_action(params: dict, model: nn.Module, layers, P_qk: dict, P_vo: dict) -> dict:
@@ -260,7 +263,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
                          f"rounds={rounds}, lr={lr}")
     if method not in ("auto", "dense", "hvp"):
         raise ValueError(f"method must be 'auto', 'dense' or 'hvp', got {method!r}")
-    layers = _layers(model)
+    layers = gauge_layers(model)
     for path, m in layers:
         frozen = [n for n, p in m.named_parameters() if not p.requires_grad]
         if frozen:

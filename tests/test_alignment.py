@@ -223,3 +223,23 @@ def test_alignment_keeps_models_on_their_device():
     result = sample_align(a, generic_gpt(1).cuda(), 3, generator=gen)
     assert result.model.wte.weight.is_cuda
     assert abs(result.distance - min(result.distances)) < 1e-9
+
+
+def test_every_entry_point_refuses_rope_and_symmetry_breaking_alike():
+    """sample_align used to accept symmetry-breaking biases and return a different function;
+    it, align_gpt and minimise_over_orbit now refuse through one check, with one message."""
+    from gaugebook.sharpness import minimise_over_orbit
+
+    idx = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+    for kw, match in ((dict(symmetry_breaking="bq"), "symmetry-breaking biases.*chapter 16"),
+                      (dict(rope=True), "RoPE.*full GL\\(d_head\\)")):
+        a, b = generic_gpt(0, **kw).eval(), generic_gpt(1, **kw).eval()
+        messages = set()
+        for call in (lambda: align_gpt(a, b), lambda: sample_align(a, b, 2),
+                     lambda: minimise_over_orbit(b, lambda out: out[1], idx, idx, steps=1)):
+            with pytest.raises(ValueError, match=match) as error:
+                call()
+            messages.add(str(error.value))
+        assert len(messages) == 1, messages
+    with pytest.raises(TypeError, match="no MultiHeadAttention"):
+        sample_align(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), 2)

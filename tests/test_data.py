@@ -98,6 +98,20 @@ def test_categories_are_ground_truth(corpus, tok):
     assert 0.6 * corpus.noise_rate < (c == Category.NOISE).mean() < 1.4 * corpus.noise_rate
 
 
+def test_noise_rates_beyond_the_plain_sentences_are_refused():
+    """Noise replaces only tokens of plain sentences; a larger rate used to be capped silently
+    (0.1 with skill_rate=1 gave no noise, 0.3 with 0.9 gave 0.059)."""
+    with pytest.raises(ValueError, match=r"noise_rate=0.1 cannot be reached with skill_rate=1.0"
+                                         r".*the largest rate is 0.0000"):
+        DefaultCorpus(0, noise_rate=0.1, skill_rate=1.0)
+    with pytest.raises(ValueError, match=r"the largest rate is 0.0567; ask for at most that"):
+        DefaultCorpus(0, noise_rate=0.3, skill_rate=0.9)
+    _, cats = DefaultCorpus(0, noise_rate=0.0567, skill_rate=0.9).rows(256, 257)
+    assert 0.85 * 0.0567 < (cats == Category.NOISE).mean() < 1.15 * 0.0567  # reached
+    _, cats = DefaultCorpus(0, noise_rate=0.0, skill_rate=1.0).rows(4, 65)
+    assert not (cats == Category.NOISE).any()
+
+
 def test_content_words_follow_a_zipf_law(corpus, tok):
     tokens, _ = corpus.rows(64, 513, index=2)
     counts = np.bincount(tokens.ravel(), minlength=tok.vocab_size)[tok.classes["noun"]]
@@ -127,6 +141,27 @@ def test_facts_are_queried_later_in_the_same_row(corpus, tok):
             fact = [words[q + 3], "lives", "in", "room", words[q + 7], "."]
         k = _find(words, fact, q)
         assert k is not None and q - k >= length // 4 - 10
+
+
+def test_the_placed_query_follows_its_fact_as_documented(corpus, tok):
+    """DefaultCorpus's docstring: the query of the fact in segment 1 starts at least
+    ``length // 4 - 24`` tokens after the fact ends, never before; every row of 55 tokens or
+    more holds the pair, and many rows of 33 do not."""
+    from gaugebook.data.stream import stream_rng
+
+    for length in (33, 55, 129, 257):
+        tokens, _, starts = corpus._rows(stream_rng("train", 0, 0, 9), 64, length,
+                                         corpus._train_weights, far=True)
+        gaps = []
+        for row, start in zip(tokens, starts):
+            words, segments = [tok.words[i] for i in row], np.flatnonzero(start)
+            queries = [s for s in segments if words[s:s + 3] == ["Which", "room", "does"]
+                       or words[s:s + 3] == ["What", "is", "the"] and words[s + 4] == "of"]
+            if queries:
+                fact = segments[1]
+                gaps.append(queries[0] - fact - (7 if words[fact] == "The" else 6))
+        assert min(gaps) >= max(0, length // 4 - 24), length
+        assert len(gaps) == 64 if length >= 55 else len(gaps) < 48
 
 
 # ---------------------------------------------------------------- solving the tasks from text

@@ -55,6 +55,26 @@ def test_lbfgs_records_the_first_loss_of_its_step():
     assert losses[1] < losses[0]
 
 
+def test_a_stream_of_corpus_batches_is_accepted():
+    """DefaultCorpus.batches yields Batch 3-tuples, which fit used to fail to unpack."""
+    from gaugebook.data import DefaultCorpus
+
+    corpus = DefaultCorpus(0)
+    torch.manual_seed(0)
+    model, reference = (GPT(GPTConfig(corpus.vocab_size, 8, 1, 1, 8)) for _ in range(2))
+    reference.load_state_dict(model.state_dict())
+    losses = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), corpus.batches(2, 8), 2)
+    pairs = fit(reference, torch.optim.SGD(reference.parameters(), lr=0.1),
+                lambda t: corpus.batch(t, 2, 8)[:2], 2)
+    assert losses == pairs
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"batch 0 must be an \(x, y\) pair or a Batch, got a "
+                                         r"tuple of length 3"):
+        fit(model, opt, [tuple(corpus.batch(0, 2, 8))], 1)
+    with pytest.raises(ValueError, match="got a Tensor"):
+        fit(model, opt, lambda t: torch.zeros(()), 1)
+
+
 def test_bad_arguments_are_refused():
     model = tiny_gpt()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -237,3 +237,8 @@ def test_bad_inputs_and_actions_raise():
                                       + [torch.arange(DH)] * (E - 2)))
     with pytest.raises(TypeError, match="expected a MoE"):
         permute_experts(nn.Linear(2, 2), [0, 1])
+    # a float permutation used to be cast to long first: 1.9 became 1 without a word
+    floats = torch.arange(DH, dtype=torch.float64).repeat(E, 1)
+    floats[0, 1] = 1.9
+    with pytest.raises(ValueError, match=r"perm\[0\] must hold integer indices"):
+        permute_hidden(m, floats)

@@ -75,6 +75,55 @@ def test_power_iteration_and_hutchinson(problem):
         hutchinson_trace(L, L.theta, 1)
 
 
+def test_top_eigenvalue_checks_its_start_vector(problem):
+    """A zero v0 used to give NaN after max_iter products, a wrong shape or dtype an error deep
+    in torch.func."""
+    model, loss, x = problem
+    L = FlatLoss(model, loss, x)
+    ones = top_eigenvalue(L, L.theta, max_iter=5, v0=torch.ones_like(L.theta))
+    cast = top_eigenvalue(L, L.theta, max_iter=5, v0=torch.ones(L.theta.shape))  # float32
+    assert cast.value == ones.value and cast.vector.dtype == DTYPE
+    nan = torch.ones_like(L.theta)
+    nan[0] = float("nan")
+    for v0, match in ((torch.zeros_like(L.theta), "v0 must be finite and non-zero"),
+                      (nan, "v0 must be finite and non-zero"),
+                      (torch.ones(3, dtype=DTYPE), "v0 must be a real vector of theta's shape"),
+                      (torch.ones_like(L.theta, dtype=torch.complex128), "v0 must be a real")):
+        with pytest.raises(ValueError, match=match):
+            top_eigenvalue(L, L.theta, v0=v0)
+    # the default start is the Gaussian draw of the CPU generator
+    drawn = top_eigenvalue(L, L.theta, max_iter=3, generator=torch.Generator().manual_seed(7))
+    v0 = torch.randn(L.theta.shape, generator=torch.Generator().manual_seed(7), dtype=DTYPE)
+    assert drawn.value == top_eigenvalue(L, L.theta, max_iter=3, v0=v0).value
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_random_vectors_follow_theta_to_its_device():
+    """The random start of top_eigenvalue and the probes of hutchinson_trace used to stay on
+    the CPU; they are drawn there (the same numbers) and moved to theta's device."""
+    import copy
+
+    gen = torch.Generator().manual_seed(0)
+    model = MultiHeadAttention(4, 2, 2, dtype=DTYPE, generator=gen)
+    x = torch.randn(3, 5, 4, generator=gen, dtype=DTYPE)
+
+    def loss(out):
+        return ((out - 0.5) ** 2).mean()
+
+    cpu = FlatLoss(model, loss, x)
+    gpu = FlatLoss(copy.deepcopy(model).cuda(), loss, x.cuda())
+    assert gpu.theta.is_cuda
+    tops = [top_eigenvalue(L, L.theta, max_iter=20, generator=torch.Generator().manual_seed(1))
+            for L in (cpu, gpu)]
+    assert tops[1].vector.is_cuda
+    assert abs(tops[1].value - tops[0].value) < 1e-9 * abs(tops[0].value)
+    traces = [hutchinson_trace(L, L.theta, 4, generator=torch.Generator().manual_seed(2))
+              for L in (cpu, gpu)]
+    assert abs(traces[1].value - traces[0].value) < 1e-9 * abs(traces[0].value)
+    start = top_eigenvalue(gpu, gpu.theta, max_iter=5, v0=torch.ones(gpu.theta.shape))
+    assert start.vector.is_cuda
+
+
 def test_sharpness_changes_along_the_orbit_but_loss_does_not(problem):
     model, loss, x = problem
     base_loss, base_top = loss(model(x)).item(), dense_top(model, loss, x)

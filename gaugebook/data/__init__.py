@@ -11,8 +11,8 @@ for the interpretability analysis of chapter 18).
   two forms, adjectives with English suffixes, capitalised names); numbers 0-99; letters A-Z;
   punctuation; garbled-Unicode noise tokens (mojibake).
 - Text: sentences from templates (capitalised starts, punctuation, questions, function words),
-  content words and names drawn from Zipf laws, facts stated and queried hundreds of tokens later
-  in the same context window, the logic-puzzle skills (numeric and alphabetic patterns, near and
+  content words and names drawn from Zipf laws, facts stated and queried later in the same
+  context window (hundreds of tokens later in long rows), the logic-puzzle skills (numeric and alphabetic patterns, near and
   far retrieval, simple inference, copying), and a small rate of noise tokens.
 - Every training row is a pure function of ``(split, seed, rank, batch index)``: the stream
   resumes exactly at any step and the validation and probe streams use disjoint seed spaces.

@@ -2,10 +2,10 @@
 and the logic-puzzle episodes (probes) in it.
 
 Text: sentences from templates (capitalised starts, punctuation, questions, function words),
-content words and names drawn from Zipf laws, facts stated and queried hundreds of tokens later
-in the same context window, the logic-puzzle skills (numeric and alphabetic patterns, near and
-far retrieval, simple inference, copying), and a small rate of noise tokens. Every training row
-is a pure function of ``(split, seed, rank, batch index)``.
+content words and names drawn from Zipf laws, facts stated and queried later in the same context
+window (hundreds of tokens later in long rows), the logic-puzzle skills (numeric and alphabetic
+patterns, near and far retrieval, simple inference, copying), and a small rate of noise tokens.
+Every training row is a pure function of ``(split, seed, rank, batch index)``.
 """
 from __future__ import annotations
 
@@ -108,12 +108,26 @@ class DefaultCorpus:
     Args:
         seed: the stream's seed (rows are a pure function of seed, split, rank and index).
         tokenizer: the vocabulary (default: :func:`default_tokenizer`).
-        noise_rate: fraction of all tokens replaced by noise tokens (placed in plain sentences).
+        noise_rate: fraction of all tokens replaced by noise tokens. They replace tokens of plain
+            sentences only, so the rate is at most the sentences' share of the stream, which
+            ``skill_rate`` lowers (0.56 at the default, 0 at ``skill_rate=1``): ValueError
+            beyond it.
         skill_rate: probability that a segment is a logic-puzzle episode rather than a sentence.
 
-    Each training row also holds one fact ("The color of Tom is wug ." or "Tom lives in room 42 .")
-    near its start and its query ("What is the color of Tom ? wug ." / "Which room does Tom live
-    in ? 42 .") at least a quarter of the row later.
+    Each training row of ``length`` tokens also holds one fact ("The color of Tom is wug ." or
+    "Tom lives in room 42 .") as its second segment and its query ("What is the color of Tom ?
+    wug ." / "Which room does Tom live in ? 42 ."): the query replaces the segment holding a
+    position drawn uniformly from ``length // 4`` tokens after the fact's end up to the last one
+    at which it still fits. So it starts at least ``length // 4 - 24`` tokens after the fact ends
+    (24: the longest segment, 25 tokens, less one), and never before. Every row of at least 55
+    tokens holds a pair; about 37% of the rows of 33 tokens (block size 32) hold none.
+
+    Known property, kept so that the recorded runs in ``results/`` stay reproducible: the
+    distractor facts of the text (``FACT_TEMPLATES``) are drawn independently of the queried
+    fact, so an earlier one can state the queried name and attribute with another value. Measured
+    with seed 0 over 8192 rows: 1.0% of the queries in rows of 1025 tokens (block size 1024),
+    0.35% at 257 and under 0.1% at 33. The far-retrieval probes (:meth:`probes`) are unaffected:
+    their filler holds no facts and their distractor fact is about another name.
     """
 
     def __init__(self, seed: int = 0, *, tokenizer: WordTokenizer | None = None,
@@ -159,7 +173,12 @@ class DefaultCorpus:
         self._filler_weights = plain / plain.sum()
         mean_length = self._train_weights @ self._length
         plain_share = (self._train_weights * self._plain) @ self._length / mean_length
-        self._plain_noise_rate = min(1.0, noise_rate / plain_share) if plain_share > 0 else 0.0
+        if noise_rate > plain_share:  # the largest rate, rounded down: a value that works
+            raise ValueError(f"noise_rate={noise_rate} cannot be reached with skill_rate="
+                             f"{skill_rate}: noise replaces only tokens of plain sentences, so "
+                             f"the largest rate is {np.floor(plain_share * 1e4) / 1e4:.4f}; ask "
+                             f"for at most that, or lower skill_rate")
+        self._plain_noise_rate = noise_rate / plain_share if plain_share > 0 else 0.0
         self._min_length = int(self._length.min())
 
     # ---------------------------------------------------------------- kinds and their fill rules
@@ -345,7 +364,7 @@ class DefaultCorpus:
         columns = -(-length // self._min_length) + SPARE_SEGMENTS  # enough segments to fill a row
         kinds = np.searchsorted(cdf, rng.random((n, columns)), side="right")
         kinds = np.minimum(kinds, n_kinds - 1)  # [n, columns]
-        if far:  # a fact in segment 1, its query at least length // 4 tokens later
+        if far:  # a fact in segment 1, its query in the segment holding fact end + [low, high]
             pair = rng.integers(0, 2, n)
             fact, query = self._facts[pair], self._queries[pair]
             fact_end = self._length[kinds[:, 0]] + self._length[fact]

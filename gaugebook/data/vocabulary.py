@@ -135,8 +135,17 @@ class WordTokenizer(Tokenizer):
     The vocabulary is fixed in advance (built from ``VOCAB_SEED``): every word, punctuation mark,
     number 0-99, letter A-Z and noise token has an id. ``classes`` maps a word class (``noun``,
     ``verb``, ``verb_base``, ``adj``, ``name``, ``num``, ``letter``, ``noise``, ``attr``, ``comp``
-    and the function-word classes) to its ids; ``token_categories`` is each id's category away from
-    a sentence start (the letters ``A`` and ``I`` are also words; they count as letters there).
+    and the function-word classes) to its ids.
+
+    ``token_categories`` is one :class:`Category` per id, whatever its position: the class of a
+    lower-case word, name, number, letter (``A`` and ``I`` are also words; they count as
+    letters), punctuation mark or noise token, and ``SENTENCE_START`` for every capitalised form
+    of a word (``The``, ``He``, ``Then``, ``Every``, ``Is``, ...), the capitalised question words
+    ``What``, ``Which``, ``Who``, ... included: such a form occurs only at a sentence start. The
+    stream labels a capitalised question word ``QUESTION_WORD`` instead (:class:`Category`), so
+    the table and the stream differ there, and the ``QUESTION_WORD`` group of an analysis of the
+    vocabulary by this table (the static scores of
+    :func:`~gaugebook.interpret.alignment_scores`) holds the lower-case question words only.
     """
 
     def __init__(self):
