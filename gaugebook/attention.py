@@ -16,15 +16,23 @@ rotation inside a plane, it shrinks the QK gauge group (chapter 5).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gaugebook.rope import rope_frequencies, rotate
+from gaugebook.checks import check_positive_ints
+from gaugebook.rope import check_rotary_dim, rope_frequencies, rotate
 
 ROPE_MODES = (False, True, "gated")
+
+
+def check_rope_mode(rope) -> None:
+    """ValueError unless ``rope`` is one of ``ROPE_MODES`` itself (``1`` or ``0`` is not)."""
+    if type(rope) not in (bool, str) or rope not in ROPE_MODES:
+        raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
 
 
 def math_attention():
@@ -54,8 +62,8 @@ class MultiHeadAttention(nn.Module):
         d_value: width of a value head (``d_v``); defaults to ``d_head``.
         bias: add learned biases ``b_Q, b_K, b_V, b_O``.
         rope: ``False``, ``True`` or ``"gated"``.
-        rope_base: RoPE base (10000 as in Su et al. 2021), greater than 1 so that the frequencies
-            ``theta_i`` in ``(0, 1]`` are distinct (the gauge counts assume it).
+        rope_base: RoPE base (10000 as in Su et al. 2021), finite and greater than 1 so that the
+            frequencies ``theta_i`` in ``(0, 1]`` are distinct (the gauge counts assume it).
         rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``;
             only with ``rope``.
         causal: mask future positions.
@@ -68,25 +76,24 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         d_value = d_head if d_value is None else d_value
-        for name, value in dict(d_model=d_model, n_heads=n_heads, d_head=d_head,
-                                n_kv_heads=n_kv_heads, d_value=d_value).items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(d_model=d_model, n_heads=n_heads, d_head=d_head,
+                            n_kv_heads=n_kv_heads, d_value=d_value)
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-        if rope not in ROPE_MODES:
-            raise ValueError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+        check_rope_mode(rope)
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be True or False, got {causal!r}")
         if rotary_dim is not None and not rope:
             raise ValueError(f"rotary_dim={rotary_dim} needs rope=True or \"gated\", "
                              f"got rope={rope!r}")
-        if rope and not rope_base > 1:  # then theta_i in (0, 1] are distinct, as the counts assume
-            raise ValueError(f"rope_base must be greater than 1, got {rope_base}")
+        # then theta_i in (0, 1] are distinct, as the counts assume (inf gives 1, 0, 0, ...)
+        if rope and not (isinstance(rope_base, numbers.Real) and 1 < rope_base < math.inf):
+            raise ValueError(f"rope_base must be greater than 1 and finite, got {rope_base!r}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.n_kv_heads, self.d_value, self.causal = n_kv_heads, d_value, causal
         self.rope, self.rope_base = rope, rope_base
-        self.rotary_dim = (d_head if rotary_dim is None else rotary_dim) if rope else 0
-        if rope and not 0 < self.rotary_dim <= d_head:
-            raise ValueError(f"rotary_dim must be in (0, d_head={d_head}], got {self.rotary_dim}")
+        self.rotary_dim = (check_rotary_dim(d_head, d_head if rotary_dim is None else rotary_dim)
+                           if rope else 0)
 
         def weight(*shape):
             return nn.Parameter(torch.empty(*shape, dtype=dtype))
@@ -157,14 +164,30 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"expected input of shape [B, T, d_model={self.d_model}], "
                              f"got {tuple(x.shape)}")
 
+    def _check_shift(self, name: str, shift, heads: str, width: str) -> None:
+        """ValueError unless ``shift`` is ``None`` or a tensor ``[width]`` (shared by the heads),
+        ``[1, width]`` or ``[heads, width]``; ``heads``, ``width`` name attributes of ``self``."""
+        if shift is None:
+            return
+        n, d = getattr(self, heads), getattr(self, width)
+        if not torch.is_tensor(shift) or shift.ndim not in (1, 2) or shift.shape[-1] != d \
+                or (shift.ndim == 2 and shift.shape[0] not in (1, n)):
+            got = tuple(shift.shape) if torch.is_tensor(shift) else type(shift).__name__
+            raise ValueError(f"{name} must be a tensor [{width}={d}] (shared by the heads) or "
+                             f"[{heads}={n}, {width}={d}], got {got}")
+
     def project(self, x: torch.Tensor, query_shift=None, value_shift=None):
         """Queries, keys and values (rotated and gated where configured).
 
-        ``query_shift [n_heads, d_head]`` and ``value_shift [n_kv_heads, d_value]`` (or
-        broadcastable) are unlearned additive biases, used by :mod:`gaugebook.breaking`.
-        Returns ``q [B, H, T, d_head]``, ``k [B, H_kv, T, d_head]``, ``v [B, H_kv, T, d_value]``.
+        ``query_shift`` and ``value_shift`` are unlearned additive biases, used by
+        :mod:`gaugebook.breaking`: ``query_shift [d_head]`` (shared by the heads) or
+        ``[n_heads, d_head]``, ``value_shift [d_value]`` or ``[n_kv_heads, d_value]`` (one per
+        key/value head; a head dimension of 1 broadcasts). Returns ``q [B, H, T, d_head]``,
+        ``k [B, H_kv, T, d_head]``, ``v [B, H_kv, T, d_value]``.
         """
         self._check_input(x)
+        self._check_shift("query_shift", query_shift, "n_heads", "d_head")
+        self._check_shift("value_shift", value_shift, "n_kv_heads", "d_value")
         q = torch.einsum("btd,hde->bhte", x, self.W_Q)  # (B, H, T, dk)
         k = torch.einsum("btd,gde->bgte", x, self.W_K)  # (B, Hkv, T, dk)
         v = torch.einsum("btd,gde->bgte", x, self.W_V)  # (B, Hkv, T, dv)

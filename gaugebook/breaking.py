@@ -23,18 +23,34 @@ Why unlearned and resampled? With ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` the sc
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_positive_ints
 
 __all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "SymmetryBreakingBias",
-           "ShiftedAttention", "redundancy_count"]
+           "ShiftedAttention", "check_breaking", "drawn_gauge", "redundancy_count"]
 
 BREAKING_MODES = (None, "bq", "bqv")
 QUERY_MEAN = 0.5
 QUERY_STD = (0.05, 0.15)  # linear from the first to the last coordinate of a head
 VALUE_STD = 0.05
+
+
+def check_breaking(mode, mu_v, *, name: str = "mode") -> None:
+    """ValueError unless ``mode`` is one of ``BREAKING_MODES`` and ``mu_v`` a finite number,
+    nonzero only with ``"bqv"`` (the mean of the value bias); ``name``: what the caller calls
+    ``mode``."""
+    if mode not in BREAKING_MODES:
+        raise ValueError(f"{name} must be one of {BREAKING_MODES}, got {mode!r}")
+    if not isinstance(mu_v, (int, float)) or isinstance(mu_v, bool) or not math.isfinite(mu_v):
+        raise ValueError(f"mu_v must be a finite number, got {mu_v!r}")
+    if mu_v != 0.0 and mode != "bqv":
+        raise ValueError(f"mu_v={mu_v} has no effect: it is the mean of the value bias, which "
+                         f"only {name}='bqv' adds (got {mode!r})")
 
 
 class SymmetryBreakingBias(nn.Module):
@@ -47,18 +63,18 @@ class SymmetryBreakingBias(nn.Module):
     an explicit generator (the trainer's, outside the compiled model).
 
     Args:
-        d_head: query/key head width.
-        d_value: value head width.
+        d_head: query/key head width, a positive integer.
+        d_value: value head width, a positive integer.
         mode: ``"bq"`` (query bias only) or ``"bqv"`` (query and value biases).
-        mu_v: mean of the value bias (the paper uses 0 or 0.5).
+        mu_v: mean of the value bias (the paper uses 0 or 0.5), finite; 0 with ``"bq"``.
     """
 
     def __init__(self, d_head: int, d_value: int, mode: str, *, mu_v: float = 0.0):
         super().__init__()
         if mode not in BREAKING_MODES[1:]:
             raise ValueError(f"mode must be one of {BREAKING_MODES[1:]}, got {mode!r}")
-        if mode == "bq" and mu_v != 0.0:
-            raise ValueError(f"mu_v={mu_v} has no effect with mode='bq' (no value bias)")
+        check_breaking(mode, mu_v)
+        check_positive_ints(d_head=d_head, d_value=d_value)
         self.mode, self.mu_v = mode, mu_v
         self.register_buffer("q_mean", torch.full((d_head,), QUERY_MEAN))
         self.register_buffer("q_std", torch.linspace(*QUERY_STD, d_head))
@@ -139,18 +155,30 @@ def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
     return int(torch.linalg.matrix_rank(shifts)) if shifts.numel() else 0
 
 
+def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: int,
+                r_v: int) -> tuple[int, int]:
+    """``(qk, vo)``: what fixed draws leave of the weight gauge ``GL(d_head) x GL(d_value)`` per
+    key/value group (learned biases not counted), with ``r_q``, ``r_v`` the ranks of the query
+    and value draws (of their differences when learned biases absorb a common shift):
+
+    * QK: ``{X in gl(d_head) : b X = 0 for every draw b}``, ``n_kv (d_head^2 - d_head r_q)``.
+    * VO: ``n_kv d_value^2`` minus the constraints ``sum_h u Y_{g(h)} W_O[h] = 0`` for each
+      independent draw ``u``: the output shifts ``u W_O`` summed over heads span
+      ``min(n_kv d_value, d_out)`` dimensions per draw, shared by all groups.
+
+    Assumes ``d_head, d_value`` at most the input dimension and no RoPE."""
+    qk = n_kv_heads * (d_head * d_head - d_head * r_q)
+    vo = n_kv_heads * d_value * d_value - r_v * min(n_kv_heads * d_value, d_out)
+    return qk, vo
+
+
 def redundancy_count(m: ShiftedAttention) -> int:
     """Redundancy of attention under fixed draws (no RoPE, ``d_head, d_value <= d_model``).
 
-    Per key/value group, with ``r_Q`` the rank of the query draws (of their differences when the
-    layer has learned biases) and ``r_V`` likewise for the value draws:
-
-    * QK: the Lie algebra ``{X in gl(d_head) : b X = 0 for every draw b}``, of dimension
-      ``d_head^2 - d_head r_Q``, plus ``d_head`` from a learned ``b_K`` (it still cancels).
-    * VO: ``d_value^2`` (plus ``d_value`` for a learned ``b_V``, absorbed by ``b_O``) minus the
-      constraints ``sum_h u Y_{g(h)} W_O[h] = 0`` for each independent draw ``u``: the output
-      shifts ``u W_O`` summed over heads span ``min(n_kv d_value, d_model)`` dimensions per draw,
-      shared by all groups.
+    :func:`drawn_gauge` with ``d_out = d_model``, ``r_q`` the rank of the query draws (of their
+    differences when the layer has learned biases) and ``r_v`` likewise for the value draws,
+    plus per key/value group ``d_head`` from a learned ``b_K`` (it still cancels) and ``d_value``
+    from a learned ``b_V`` (absorbed by ``b_O``).
     """
     a = m.attn
     if a.rope:
@@ -160,6 +188,6 @@ def redundancy_count(m: ShiftedAttention) -> int:
                          f"{a.d_head}, d_value={a.d_value}, d_model={a.d_model}")
     b, dk, dv = int(a.has_bias), a.d_head, a.d_value
     r_q, r_v = _draw_rank(m.query_shifts, a.has_bias), _draw_rank(m.value_shifts, a.has_bias)
-    qk = a.n_kv_heads * (dk * dk - dk * r_q + b * dk)
-    vo = a.n_kv_heads * (dv * dv + b * dv) - r_v * min(a.n_kv_heads * dv, a.d_model)
-    return qk + vo
+    qk, vo = drawn_gauge(n_kv_heads=a.n_kv_heads, d_head=dk, d_value=dv, d_out=a.d_model,
+                         r_q=r_q, r_v=r_v)
+    return qk + vo + a.n_kv_heads * b * (dk + dv)

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["check_number", "check_finite", "check_finite_tensors"]
+__all__ = ["check_number", "check_finite", "check_positive_ints", "check_finite_tensors"]
 
 
 def check_number(name: str, value, *, low: float, strict: bool) -> float:
@@ -19,6 +19,14 @@ def check_number(name: str, value, *, low: float, strict: bool) -> float:
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be finite and {relation} {low:g}, got {value!r}")
     return x
+
+
+def check_positive_ints(**sizes) -> None:
+    """ValueError naming the first of ``sizes`` (name=value) that is not a positive ``int``;
+    ``True``, ``2.0`` or a NumPy integer are not ``int``."""
+    for name, value in sizes.items():
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def check_finite(name: str, value) -> float:

@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gaugebook.attention import MultiHeadAttention
-from gaugebook.breaking import BREAKING_MODES, SymmetryBreakingBias
+from gaugebook.attention import MultiHeadAttention, check_rope_mode
+from gaugebook.breaking import SymmetryBreakingBias, check_breaking
+from gaugebook.checks import check_positive_ints
 
-__all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS"]
+__all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
+           "check_block_options"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range
@@ -31,6 +33,29 @@ INIT_STD = 0.02  # GPT-2's initializer_range
 # code, which draws one slope per hidden unit from N(0.2, 1.0^2).
 PRELU_INITS = ("constant", "paper")
 PRELU_CONSTANT, PRELU_PAPER_MEAN, PRELU_PAPER_STD = 0.25, 0.2, 1.0
+
+
+def check_block_options(*, n_embd: int, n_head: int, n_kv_head: int, bias: bool, activation: str,
+                        rope: bool | str, symmetry_breaking: str | None, mu_v: float,
+                        width_name: str = "n_embd") -> None:
+    """ValueError for a block that :class:`GPTConfig` refuses: sizes that are not positive
+    integers, ``n_embd`` not divisible by ``n_head`` or ``n_head`` by ``n_kv_head``, an unknown
+    activation, RoPE mode or symmetry-breaking mode, RoPE with an odd head size, a non-finite
+    ``mu_v`` or one without ``"bqv"``. ``width_name``: what the caller calls ``n_embd``."""
+    check_positive_ints(**{width_name: n_embd}, n_head=n_head, n_kv_head=n_kv_head)
+    if n_embd % n_head:
+        raise ValueError(f"{width_name}={n_embd} is not divisible by n_head={n_head}")
+    if n_head % n_kv_head:
+        raise ValueError(f"n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
+    if not isinstance(bias, bool):
+        raise ValueError(f"bias must be True or False, got {bias!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_rope_mode(rope)
+    if rope and (n_embd // n_head) % 2:
+        raise ValueError(f"RoPE rotates planes of two coordinates: the head size "
+                         f"{width_name}/n_head={n_embd // n_head} must be even")
+    check_breaking(symmetry_breaking, mu_v, name="symmetry_breaking")
 
 
 @dataclass(frozen=True)
@@ -63,41 +88,17 @@ class GPTConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self):
-        sizes = dict(vocab_size=self.vocab_size, block_size=self.block_size, n_layer=self.n_layer,
-                     n_head=self.n_head, n_embd=self.n_embd)
-        if self.n_kv_head is not None:
-            sizes["n_kv_head"] = self.n_kv_head
-        for name, value in sizes.items():
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
-        if not isinstance(self.bias, bool):
-            raise ValueError(f"bias must be True or False, got {self.bias!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if not (isinstance(self.rope, bool) or self.rope == "gated"):
-            raise ValueError(f"rope must be False, True or \"gated\", got {self.rope!r}")
-        if self.rope and self.head_size % 2:
-            raise ValueError(f"RoPE rotates planes of two coordinates: the head size "
-                             f"n_embd/n_head={self.head_size} must be even")
-        if self.symmetry_breaking not in BREAKING_MODES:
-            raise ValueError(f"symmetry_breaking must be one of {BREAKING_MODES}, "
-                             f"got {self.symmetry_breaking!r}")
-        if not isinstance(self.mu_v, (int, float)) or isinstance(self.mu_v, bool) \
-                or not math.isfinite(self.mu_v):
-            raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
+        check_positive_ints(vocab_size=self.vocab_size, block_size=self.block_size,
+                            n_layer=self.n_layer)
+        check_block_options(n_embd=self.n_embd, n_head=self.n_head, n_kv_head=self.kv_heads,
+                            bias=self.bias, activation=self.activation, rope=self.rope,
+                            symmetry_breaking=self.symmetry_breaking, mu_v=self.mu_v)
         if self.prelu_init not in PRELU_INITS:
             raise ValueError(f"prelu_init must be one of {PRELU_INITS}, got {self.prelu_init!r}")
         eps = self.layer_norm_eps
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < math.inf:
             raise ValueError(f"layer_norm_eps must be a finite number >= 0 (LayerNorm divides by "
                              f"sqrt(var + eps)), got {eps!r}")
-        if self.mu_v != 0.0 and self.symmetry_breaking != "bqv":
-            raise ValueError(f"mu_v={self.mu_v} is the mean of the value bias, which only "
-                             f"symmetry_breaking='bqv' adds (got {self.symmetry_breaking!r})")
 
     @property
     def head_size(self) -> int:
@@ -275,11 +276,34 @@ class GPT(nn.Module):
         if targets is not None and bool((targets == -100).all()):
             raise ValueError("every target is -100 (ignored): the mean loss has no terms")
 
+    def _check_bias_draws(self, bias_draws) -> None:
+        """ValueError unless ``bias_draws`` is ``(b_Q [n_layer, head_size], b_V)`` with ``b_V``
+        of the same shape exactly when ``symmetry_breaking`` is ``"bqv"``, else ``None``: what
+        :meth:`draw_biases` returns."""
+        mode = self.config.symmetry_breaking
+        if mode is None:
+            raise ValueError("bias_draws given to a symmetric model (symmetry_breaking=None)")
+        if not isinstance(bias_draws, (tuple, list)) or len(bias_draws) != 2:
+            raise ValueError(f"bias_draws must be a pair (query draw, value draw or None), as "
+                             f"draw_biases returns, got {type(bias_draws).__name__}")
+        shape = (self.config.n_layer, self.config.head_size)
+        for name, draw, needed in zip(("query", "value"), bias_draws, (True, mode == "bqv")):
+            if not needed:
+                if draw is not None:
+                    raise ValueError(f"a {mode!r} model has no value bias: its value draw must "
+                                     f"be None, got {type(draw).__name__}")
+            elif not torch.is_tensor(draw) or tuple(draw.shape) != shape:
+                got = tuple(draw.shape) if torch.is_tensor(draw) else draw
+                raise ValueError(f"a {mode!r} model needs a {name} draw of shape [n_layer, "
+                                 f"head_size] = [{shape[0]}, {shape[1]}], one row per layer "
+                                 f"(from draw_biases), got {got!r}")
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 bias_draws=None):
         """Logits for every position and, with ``targets [B, T]``, the mean cross-entropy.
-        ``bias_draws`` (from :meth:`draw_biases`) fixes the symmetry-breaking biases of this
-        pass."""
+        ``bias_draws`` (from :meth:`draw_biases`: ``(b_Q [n_layer, head_size], b_V [n_layer,
+        head_size])`` for ``"bqv"``, ``(b_Q, None)`` for ``"bq"``) fixes the symmetry-breaking
+        biases of this pass."""
         if idx.ndim != 2:
             raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
         self._check_tokens(idx, targets)
@@ -290,13 +314,7 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))  # (T, D) broadcast over B
         if bias_draws is not None:
-            if self.blocks[0].breaking is None:
-                raise ValueError("bias_draws given to a symmetric model (symmetry_breaking=None)")
-            for name, draw in zip(("query", "value"), bias_draws):
-                if draw is not None and (draw.ndim < 2 or draw.shape[0] != len(self.blocks)):
-                    raise ValueError(f"bias_draws' {name} draw must have one row per layer "
-                                     f"[{len(self.blocks)}, ...] (from draw_biases), got "
-                                     f"{tuple(draw.shape)}")
+            self._check_bias_draws(bias_draws)
         for i, block in enumerate(self.blocks):
             if bias_draws is None:
                 x = block(x)

@@ -69,8 +69,9 @@ def _reader_columns(block: Block, readers) -> list[int]:
 def _centring_readers(block: Block, which: str):
     """The readers whose columns can move along ``1/gamma``: all of them when the LayerNorm has
     no bias (``y . 1/gamma = 0``); with a bias only those with a bias to absorb the constant."""
+    readers = _readers(block, which)  # validates which
     has_beta = getattr(block, which).bias is not None
-    return [r for r in _readers(block, which) if r[1] is not None or not has_beta]
+    return [r for r in readers if r[1] is not None or not has_beta]
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +109,7 @@ class LayerNormShift(TranslationFactor):
 
     @classmethod
     def shape(cls, block, which="ln_1"):
+        _readers(block, which)
         return getattr(block, which).weight.shape
 
     def check(self, block):
@@ -130,10 +132,10 @@ class LayerNormShift(TranslationFactor):
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
-        ln = getattr(block, which)
-        if ln.bias is None or (which == "ln_1" and block.attn.rope == "gated"):
-            return torch.zeros(0, ln.weight.numel(), dtype=DTYPE)
-        return unit_basis(ln.weight.shape)
+        shape = cls.shape(block, which)  # validates which
+        if getattr(block, which).bias is None or (which == "ln_1" and block.attn.rope == "gated"):
+            return torch.zeros(0, shape.numel(), dtype=DTYPE)
+        return unit_basis(shape)
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,16 +50,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.breaking import SymmetryBreakingBias
-from gaugebook.gpt import ACTIVATIONS, GPT, Block, GPTConfig, PReLU
+from gaugebook.breaking import SymmetryBreakingBias, drawn_gauge
+from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
                                  ResidualCentring)
 from gaugebook.lie import attention_terms, tangent_map
 
-__all__ = ["TERMS", "OUTPUTS", "COUNTED", "LogProbabilities", "redundancy_terms", "block_terms",
-           "redundancy_count",
+__all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "LogProbabilities",
+           "redundancy_terms", "block_terms", "redundancy_count",
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
 #: The kinds of redundant direction in a GPT, each with what it is.
@@ -77,6 +77,16 @@ TERMS = {
     "embedding_shift": "one vector added to all token embeddings, removed from all positions",
 }
 OUTPUTS = ("log_probs", "logits")
+#: The smallest LayerNorm ``eps`` that :func:`redundancy_terms` counts for. The stream scaling
+#: (:class:`~gaugebook.gpt_gauge.StreamScaling`) breaks in proportion to ``eps``: on tiny
+#: generic GPTs its singular value was ``c eps`` of the largest, ``c`` from ``1e-5``
+#: (``n_embd=4``, one head) to ``4e-2`` (``n_embd=6``, two heads), against a rank tolerance of
+#: ``2e-13`` to ``5e-13`` (``max(J.shape)`` times float64's epsilon). The Jacobian rank dropped
+#: it, and the measured redundancy exceeded the count by one, at ``eps = 1e-8`` for the one-head
+#: GPT (116 against 115) and at ``1e-12`` for the two-head one (159 against 158). ``1e-6`` keeps
+#: the one-head GPT's singular value 50 times above the tolerance (GPT-2's and PyTorch's
+#: ``1e-5``: 500 times).
+MIN_LAYER_NORM_EPS = 1e-6
 
 
 class LogProbabilities(nn.Module):
@@ -102,15 +112,13 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     ``in_gpt=True``: the block inside a GPT, where the mean of what it writes is invisible (every
     later reader is a LayerNorm); ``in_gpt=False``: the block on its own, output ``[B, T, D]``.
     With ``symmetry_breaking`` the count is for eval mode (the biases at their means): a learned
-    bias absorbs a fixed shift (no change); without learned biases a query shift ``s`` leaves of
-    ``GL(d)`` only ``{X : s X = 0}`` and a value shift removes ``min(H_kv d, D_out)`` directions.
+    bias absorbs a fixed shift (no change); without learned biases the means are one fixed draw
+    (:func:`gaugebook.breaking.drawn_gauge`; the value mean counts when ``mu_v != 0``). The
+    arguments obey :class:`~gaugebook.gpt.GPTConfig`'s rules, with ``d_model`` its ``n_embd``.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if d_model % n_head:
-        raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
-    if n_head % n_kv_head:
-        raise ValueError(f"n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
+    check_block_options(n_embd=d_model, n_head=n_head, n_kv_head=n_kv_head, bias=bias,
+                        activation=activation, rope=rope, symmetry_breaking=symmetry_breaking,
+                        mu_v=mu_v, width_name="d_model")
     D, H, Hkv, b = d_model, n_head, n_kv_head, int(bias)
     d, G = D // H, H // Hkv
     D_in = D - 1  # LayerNorm outputs span an affine hyperplane: D - 1 directions vary
@@ -121,11 +129,11 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
                          "attention without RoPE and with d_head < n_embd")
     sectors = attention_terms(d_in=D_in, d_out=D_out, n_kv_heads=Hkv, group_size=G, d_head=d,
                               d_value=d, bias=bias, rope=rope, rotary_dim=d if rope else 0)
-    if breaks:  # a fixed query shift s leaves of GL(d) only {X : s X = 0}; b_K is not learned
-        sectors["qk_gauge"] = Hkv * (d * d - d)
+    if breaks:  # the means: one query draw, one value draw where its mean is nonzero
+        sectors["qk_gauge"], sectors["vo_gauge"] = drawn_gauge(
+            n_kv_heads=Hkv, d_head=d, d_value=d, d_out=D_out, r_q=1,
+            r_v=int(symmetry_breaking == "bqv" and mu_v != 0.0))
     qk, key_bias, vo = sectors["qk_gauge"], sectors["key_bias"], sectors["vo_gauge"]
-    if breaks and symmetry_breaking == "bqv" and mu_v != 0.0:
-        vo -= min(Hkv * d, D_out)
     gates = H * d + Hkv * d if rope == "gated" and not bias else 0  # bias-free readers of ln_1
     return dict(
         qk_gauge=qk, key_bias=key_bias, vo_gauge=vo, value_bias=Hkv * b * d,
@@ -141,8 +149,11 @@ def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[st
 
     ``output="log_probs"`` counts for :class:`LogProbabilities`, ``"logits"`` for the GPT itself.
     Keys are those of ``TERMS``; the values add up to
-    :func:`~gaugebook.redundancy.predicted_redundancy`. The LayerNorms need ``eps > 0`` (the
-    default): at ``eps = 0`` the stream scaling is exact too (chapter 6, near-symmetries).
+    :func:`~gaugebook.redundancy.predicted_redundancy`. The LayerNorms need
+    ``eps >= MIN_LAYER_NORM_EPS`` (the default ``1e-5`` is): at ``eps = 0`` the stream scaling is
+    exact too, and for a smaller ``eps > 0`` its singular value, proportional to ``eps``, can fall
+    below the rank tolerance of :func:`~gaugebook.redundancy.redundancy` (chapter 6,
+    near-symmetries).
     """
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -154,6 +165,12 @@ def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[st
     if config.layer_norm_eps == 0:
         raise ValueError("the count assumes layer_norm_eps > 0: at eps = 0 the residual-stream "
                          "scaling (gaugebook.gpt_gauge.StreamScaling) is one more exact direction")
+    if config.layer_norm_eps < MIN_LAYER_NORM_EPS:
+        raise ValueError(f"the count assumes layer_norm_eps >= {MIN_LAYER_NORM_EPS:g}, got "
+                         f"{config.layer_norm_eps:g}: the residual-stream scaling "
+                         "(gaugebook.gpt_gauge.StreamScaling) breaks in proportion to eps, and "
+                         "below that the Jacobian rank can count it as redundant; use a larger "
+                         "eps (GPT-2's is 1e-5)")
     per_layer = block_terms(d_model=config.n_embd, n_head=config.n_head,
                             n_kv_head=config.kv_heads, bias=config.bias,
                             activation=config.activation, rope=config.rope,
@@ -304,15 +321,22 @@ def positive_fraction(model: GPT | LogProbabilities, idx: torch.Tensor) -> torch
     The count of :func:`redundancy_terms` assumes every PReLU unit is nonlinear on the probes,
     i.e. its input takes both signs there (a fraction strictly between 0 and 1, and not at a
     handful of positions only); a unit that never switches is linear on the probes and adds
-    redundant directions.
+    redundant directions. Like the count, it is for eval mode (symmetry-breaking biases at their
+    means): the model runs in eval mode and gets its training mode back afterwards.
     """
     gpt = model.gpt if isinstance(model, LogProbabilities) else model
+    if not isinstance(gpt, GPT):
+        raise TypeError(f"expected a GPT or LogProbabilities, got {type(model).__name__}")
     inputs = []
     hooks = [block.mlp.c_fc.register_forward_hook(lambda mod, args, out: inputs.append(out))
              for block in gpt.blocks]
+    modes = [(m, m.training) for m in gpt.modules()]  # restored module by module
+    gpt.eval()
     try:
         gpt(idx)
     finally:
+        for m, training in modes:
+            m.training = training
         for hook in hooks:
             hook.remove()
     return torch.stack([(z > 0).flatten(0, 1).double().mean(0) for z in inputs])  # (L, 4D)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from gaugebook.checks import check_number
+from gaugebook.checks import check_number, check_positive_ints
 
 DTYPE = torch.float64
 ZERO_RTOL = 1e-12
@@ -42,8 +42,7 @@ def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> 
     """``n`` positive numbers in ``[cond^{-1/2}, cond^{1/2}]``, log-uniform, in random order, whose
     largest/smallest ratio is exactly ``cond`` (for ``n >= 2``; a single number is 1)."""
     cond = check_number("the condition number cond", cond, low=1.0, strict=False)
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    check_positive_ints(n=n)
     if n == 1:
         return torch.ones(1, dtype=DTYPE)
     u = torch.rand(n, generator=generator, dtype=DTYPE)

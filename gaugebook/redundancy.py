@@ -122,9 +122,12 @@ def jacobian(model: nn.Module, *inputs) -> torch.Tensor:
 def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundancy:
     """Numerical rank of the Jacobian of ``model(*inputs)`` with respect to its parameters.
 
-    Use enough generic inputs that the output count exceeds the expected rank (a warning says
-    when the rank is capped by the number of outputs). ``rtol``: see
-    :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs are refused.
+    Measures the model in eval mode whatever mode it is in (a float64 copy, as
+    :class:`FlatModel`; ``model`` stays untouched): symmetry-breaking biases at their means, the
+    function that :func:`predicted_redundancy` counts. Use enough generic inputs that the output
+    count exceeds the expected rank (a warning says when the rank is capped by the number of
+    outputs). ``rtol``: see :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs
+    are refused.
     """
     check_finite_tensors(model, *inputs)
     J = jacobian(model, *inputs)

@@ -91,6 +91,13 @@ def test_rotate_counts_positions_exactly_with_bfloat16_frequencies():
     (dict(d_model=8, n_heads=2, d_head=4, rope="yes"), "rope must be"),
     (dict(d_model=8, n_heads=2, d_head=4, rope=True, rotary_dim=6), "rotary_dim"),
     (dict(d_model=8, n_heads=2, d_head=3, rope=True), "even"),
+    # inf gives the frequencies 1, 0, ...: planes that never turn, which the counts exclude
+    (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=math.inf), "finite"),
+    (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=math.nan), "rope_base"),
+    (dict(d_model=True, n_heads=1, d_head=4), "d_model must be a positive integer"),
+    (dict(d_model=8, n_heads=2.0, d_head=4), "n_heads must be a positive integer"),
+    (dict(d_model=8, n_heads=2, d_head=4, rope=1), "rope must be one of"),
+    (dict(d_model=8, n_heads=2, d_head=4, causal="no"), "causal must be True or False"),
 ])
 def test_bad_configuration_is_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -103,3 +110,39 @@ def test_bad_input_shape_is_rejected():
         m(torch.randn(2, 5, 7))
     with pytest.raises(ValueError, match="d_model"):
         m(torch.randn(5, 8))
+
+
+@pytest.mark.parametrize("kw, shape, name", [
+    (dict(), (3,), "query_shift"),  # d_head = 4
+    (dict(), (2, 1), "query_shift"),  # width 1 would broadcast over d_head
+    (dict(), (3, 4), "query_shift"),  # 3 heads, the layer has 4
+    (dict(), (1, 4, 4), "query_shift"),
+    (dict(n_kv_heads=2), (4, 4), "value_shift"),  # per query head under GQA
+    (dict(n_kv_heads=1), (4, 4), "value_shift"),  # per query head under MQA (was silent)
+    (dict(n_kv_heads=2), (1,), "value_shift"),
+])
+def test_bad_shift_shapes_are_rejected(kw, shape, name):
+    m = MultiHeadAttention(8, 4, 4, dtype=torch.float64, **kw)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"{name} must be a tensor"):
+        m(x, **{name: torch.zeros(shape, dtype=torch.float64)})
+    with pytest.raises(ValueError, match=f"{name} must be a tensor"):
+        m.project(x, **{name: torch.zeros(shape, dtype=torch.float64)})
+    with pytest.raises(ValueError, match=f"{name} must be a tensor"):
+        m(x, **{name: [0.0] * 4})
+
+
+def test_documented_shift_shapes_add_per_head_biases():
+    """``[d]`` (shared), ``[1, d]`` and ``[heads, d]`` shifts act as per-head biases."""
+    g = torch.Generator().manual_seed(0)
+    m = MultiHeadAttention(8, 4, 4, n_kv_heads=2, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    q0, _, v0 = m.project(x)
+    for heads, heads_v in ((None, None), (1, 1), (4, 2)):
+        sq = torch.randn(*(() if heads is None else (heads,)), 4, generator=g, dtype=torch.float64)
+        sv = torch.randn(*(() if heads_v is None else (heads_v,)), 4, generator=g,
+                         dtype=torch.float64)
+        q, _, v = m.project(x, query_shift=sq, value_shift=sv)
+        torch.testing.assert_close(q - q0, sq.expand(4, 4)[None, :, None].expand_as(q))
+        torch.testing.assert_close(v - v0, sv.expand(2, 4)[None, :, None].expand_as(v))
+        assert m(x, query_shift=sq, value_shift=sv).shape == (2, 5, 8)

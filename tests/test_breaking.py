@@ -86,10 +86,16 @@ def test_biases_are_buffers_not_parameters():
     (dict(mode="bk"), "mode must be one of"),
     (dict(mode=None), "mode must be one of"),
     (dict(mode="bq", mu_v=0.5), "no effect"),
+    (dict(mode="bqv", mu_v=math.nan), "mu_v must be a finite number"),
+    (dict(mode="bqv", mu_v=math.inf), "mu_v must be a finite number"),
+    (dict(mode="bqv", mu_v="0.5"), "mu_v must be a finite number"),
+    (dict(mode="bq", d_head=0), "d_head must be a positive integer, got 0"),
+    (dict(mode="bq", d_head=-1), "d_head must be a positive integer, got -1"),
+    (dict(mode="bqv", d_value=2.0), "d_value must be a positive integer"),
 ])
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        SymmetryBreakingBias(4, 4, **kwargs)
+        SymmetryBreakingBias(**{"d_head": 4, "d_value": 4, **kwargs})
 
 
 def test_one_draw_is_shared_by_all_heads():

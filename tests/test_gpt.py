@@ -45,6 +45,9 @@ def generic(model, seed=0, scale=0.3):
     (dict(mu_v=0.5), "only symmetry_breaking='bqv'"),
     (dict(symmetry_breaking="bqv", mu_v=float("nan")), "finite"),
     (dict(bias=1), "bias must be True or False"),
+    (dict(rope=1), "rope must be one of"),
+    (dict(rope="Gated"), "rope must be one of"),
+    (dict(symmetry_breaking="bqv", mu_v=True), "mu_v must be a finite number"),
 ])
 def test_config_rejects_bad_values(kwargs, match):
     base = dict(vocab_size=V, block_size=T, n_layer=2, n_head=4, n_embd=32)
@@ -293,8 +296,34 @@ def test_explicit_bias_draws_are_the_layers_own_draws():
         symmetric(idx, bias_draws=draws)
     for wrong in ((draws[0][0], draws[1]), (draws[0][:2], draws[1][:2]),
                   (torch.cat([draws[0], draws[0][:1]]), draws[1])):  # one layer, too few, too many
-        with pytest.raises(ValueError, match=r"one row per layer \[3, ...\]"):
+        with pytest.raises(ValueError, match=r"\[n_layer, head_size\] = \[3, 8\]"):
             model(idx, bias_draws=wrong)
+
+
+def test_bias_draws_must_match_the_models_biases():
+    """A query draw [n_layer, head_size], and a value draw of that shape exactly for "bqv"
+    (None for "bq"): no silent use, drop or broadcast of a draw."""
+    torch.manual_seed(0)
+    bq = GPT(GPTConfig(50, 16, 3, 2, 16, symmetry_breaking="bq")).double().eval()
+    bqv = GPT(GPTConfig(50, 16, 3, 2, 16, symmetry_breaking="bqv", mu_v=0.5)).double().eval()
+    idx = tokens(0)[:, :16] % 50
+    q, v = bqv.draw_biases(torch.Generator().manual_seed(7))
+    cases = [
+        (bq, (q, v), "'bq' model has no value bias"),  # was used as a value bias
+        (bqv, (q, None), "needs a value draw"),  # was dropped
+        (bqv, (q[:, :1], v), r"query draw of shape \[n_layer, head_size\] = \[3, 8\]"),  # width 1
+        (bqv, (q[:, :5], v), r"got \(3, 5\)"),  # a bare RuntimeError before
+        (bqv, (q[:, None].expand(3, 2, 8), v), r"got \(3, 2, 8\)"),  # per head
+        (bqv, (q, v[:, :5]), "needs a value draw"),
+        (bq, (None, None), "needs a query draw"),  # a TypeError before
+        (bq, q, "must be a pair"),
+        (bqv, (q, v, v), "must be a pair"),
+    ]
+    for model, draws, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model(idx, bias_draws=draws)
+    assert bq(idx, bias_draws=(q, None))[0].shape == (*idx.shape, 50)
+    assert bqv(idx, bias_draws=[q, torch.zeros_like(v)])[0].shape == (*idx.shape, 50)
 
 
 def test_per_tensor_ecd_over_gpt2_tensors_follows_a_fused_c_attn_model():

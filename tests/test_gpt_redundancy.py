@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gaugebook.gpt import GPT, Block, GPTConfig
-from gaugebook.gpt_redundancy import (TERMS, LogProbabilities, block_terms, make_generic_,
-                                      parameter_count, positive_fraction, redundancy_terms,
-                                      redundant_directions)
+from gaugebook.gpt_redundancy import (MIN_LAYER_NORM_EPS, TERMS, LogProbabilities, block_terms,
+                                      make_generic_, parameter_count, positive_fraction,
+                                      redundancy_terms, redundant_directions)
 from gaugebook.redundancy import jacobian, predicted_redundancy, redundancy
 
 V, T = 11, 6
@@ -114,11 +114,57 @@ def test_training_mode_with_breaking_is_rejected():
     (dict(activation="relu"), "activation must be one of .*got 'relu'"),
     (dict(d_model=7), "d_model=7 is not divisible by n_head=2"),
     (dict(n_kv_head=3), "n_head=2 is not divisible by n_kv_head=3"),
+    # GPTConfig's rules: these were counted (or a ZeroDivisionError)
+    (dict(symmetry_breaking="bogus"), "symmetry_breaking must be one of"),
+    (dict(d_model=8, rope="Gated"), "rope must be one of"),
+    (dict(symmetry_breaking="bq", mu_v=0.5), "only symmetry_breaking='bqv'"),
+    (dict(symmetry_breaking="bqv", mu_v=float("nan")), "mu_v must be a finite number"),
+    (dict(n_kv_head=0), "n_kv_head must be a positive integer, got 0"),
+    (dict(d_model=6.0), "d_model must be a positive integer"),
+    (dict(bias=1), "bias must be True or False"),
+    (dict(rope=True), "head size d_model/n_head=3 must be even"),
 ])
 def test_block_terms_rejects_what_it_cannot_count(kw, message):
     shape = dict(d_model=6, n_head=2, n_kv_head=2, bias=True, activation="gelu")
     with pytest.raises(ValueError, match=message):
         block_terms(**{**shape, **kw})
+
+
+def test_block_terms_accept_what_gpt_config_accepts():
+    """block_terms checks with GPTConfig's rules; every valid block is counted as before."""
+    shape = dict(d_model=8, n_head=2, n_kv_head=1, bias=False, activation="prelu")
+    for kw in (dict(), dict(rope=True), dict(rope="gated"), dict(symmetry_breaking="bq"),
+               dict(symmetry_breaking="bqv", mu_v=0.5)):
+        assert sum(block_terms(**shape, **kw).values()) > 0
+
+
+@pytest.mark.parametrize("eps", [1e-7, 1e-12])
+def test_the_count_refuses_an_eps_too_small_to_measure(eps):
+    """Below MIN_LAYER_NORM_EPS the stream scaling's singular value, proportional to eps, can
+    fall under the rank tolerance: measured 159 against the count's 158 at eps = 1e-12."""
+    with pytest.raises(ValueError, match="layer_norm_eps >= 1e-06"):
+        redundancy_terms(config(layer_norm_eps=eps))
+    with pytest.raises(ValueError, match="layer_norm_eps >= 1e-06"):
+        predicted_redundancy(LogProbabilities(GPT(config(layer_norm_eps=eps))).eval())
+    assert MIN_LAYER_NORM_EPS < config().layer_norm_eps  # the default, GPT-2's 1e-5
+    for ok in (MIN_LAYER_NORM_EPS, 1e-5):
+        assert redundancy_terms(config(layer_norm_eps=ok)) == redundancy_terms(config())
+
+
+def test_positive_fraction_is_for_eval_mode_and_keeps_the_mode():
+    """A train-mode "bq" model redraws its query bias at every call: the fractions must be those
+    of eval mode (the means, as the count), and the caller's modes must stay as they were."""
+    model, idx = probe(config(symmetry_breaking="bq", bias=False), seed=0)
+    expected = positive_fraction(model, idx)
+    model.train()
+    model.gpt.blocks[0].mlp.eval()  # a mixed state, restored module by module
+    modes = [m.training for m in model.modules()]
+    torch.manual_seed(1)
+    assert torch.equal(positive_fraction(model, idx), expected)
+    assert torch.equal(positive_fraction(model.gpt, idx), expected)
+    assert [m.training for m in model.modules()] == modes
+    with pytest.raises(TypeError, match="GPT or LogProbabilities"):
+        positive_fraction(torch.nn.Linear(2, 2), idx)
 
 
 def test_bad_arguments():

@@ -255,3 +255,16 @@ def test_lie_algebra_is_in_the_null_space_of_the_jacobian(name):
                                                              **(case.options or {}))))
     assert torch.linalg.matrix_rank(T) == T.shape[1]  # independent generators at generic weights
     assert (J @ T).norm() <= 1e-12 * torch.linalg.matrix_norm(J, ord=2) * T.norm()
+
+
+@pytest.mark.parametrize("family", [LayerNormScale, LayerNormShift, ReaderCentring])
+def test_a_bad_layernorm_name_is_a_value_error(family):
+    """``which`` names ln_1 or ln_2; ln_f (the model's) or a typo was an AttributeError."""
+    block = gpt(torch.float64).blocks[0]
+    for which in ("ln_f", "attn"):
+        with pytest.raises(ValueError, match="which must be one of"):
+            family.shape(block, which)
+        with pytest.raises(ValueError, match="which must be one of"):
+            family.lie_basis(block, which=which)
+        with pytest.raises(ValueError, match="which must be one of"):
+            tangent_map(block, family, which=which)
