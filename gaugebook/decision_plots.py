@@ -15,6 +15,7 @@ is the mean :math:`\\bar L(t) = \\frac1S \\sum_s L_s(t)` over the ``S`` seeds to
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tempfile
 import time
@@ -258,13 +259,20 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
     return fig
 
 
+def _interval(low: float, high: float) -> str:
+    """``[low, high]`` to three decimals, ``n/a`` when either end is not finite (as
+    :class:`~gaugebook.results.Table` prints a NaN)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "n/a"
+    return f"[{_rounded(low):+.3f}, {_rounded(high):+.3f}]"
+
+
 def decision_table(decisions: list[Decision], *, caption: str | None = None) -> Table:
     """The rule's outcome, one row per (arm, broken symmetry): the Delta of each seed, their
     mean, the 95% t-interval and whether the rule says breaking helps."""
     seeds = sorted({s for d in decisions for s in d.deltas})
     rows = [[d.arm, d.symmetry, *(_rounded(d.deltas.get(s)) for s in seeds), _rounded(d.mean),
-             f"[{_rounded(d.interval[0]):+.3f}, {_rounded(d.interval[1]):+.3f}]",
-             "helps" if d.helps else "no"] for d in decisions]
+             _interval(*d.interval), "helps" if d.helps else "no"] for d in decisions]
     return Table(["arm", "broken", *(f"Δ seed {s}" for s in seeds), "mean Δ",
                   "95% t-interval", "rule"], rows, caption=caption)
 
@@ -272,12 +280,13 @@ def decision_table(decisions: list[Decision], *, caption: str | None = None) -> 
 def sweep_statistics(runs: list[Run]) -> dict[tuple[str, float, str], float]:
     """``{(arm, lr, symmetry): statistic}`` of a learning-rate sweep at one seed: the rule's
     statistic (:func:`~gaugebook.results.final_statistic`) of each run, keyed by its arm
-    without the sweep's tag (``adamw-lr=0.001`` is ``adamw``, ``ecd-pt-lr=3`` is ``ecd-pt``),
-    its learning rate and its symmetry. ValueError when two runs share a key (two seeds)."""
+    without the sweep's ``lr=`` field (``adamw-lr=3e-05`` is ``adamw``, ``ecd-pt-lr=3`` is
+    ``ecd-pt``, ``ecd-lr=0.5-F0=1`` is ``ecd-F0=1``), its learning rate and its symmetry.
+    ValueError when two runs share a key (two seeds)."""
     out = {}
     for run in runs:
-        key = (re.sub(r"-?lr=[^-]+$", "", run.arm), float(run["config"]["optimizer_hp"]["lr"]),
-               run.symmetry)
+        arm = re.sub(r"-?lr=[-+.0-9eE]+?(?=-[A-Za-z_]|$)", "", run.arm)  # exponents included
+        key = (arm, float(run["config"]["optimizer_hp"]["lr"]), run.symmetry)
         if key in out:
             raise ValueError(f"two runs of {key}: a sweep holds one run per setting")
         out[key] = final_statistic(run)

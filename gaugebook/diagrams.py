@@ -399,7 +399,7 @@ def group_map_diagram() -> Figure:
 
 # ------------------------------------------------------------------------------- Part II
 def noether_charge_diagram() -> Figure:
-    """Two flows, two conserved quantities (chapter 14). Gradient flow conserves
+    r"""Two flows, two conserved quantities (chapter 14). Gradient flow conserves
     :math:`W_Q^\top W_Q - W_K^\top W_K` (the scalings' charge: the flow stays on a
     hyperbola); Hamiltonian dynamics conserves only the rotations' charge, the angular
     momentum :math:`J` of :math:`(\theta, p)` in the rotation planes."""

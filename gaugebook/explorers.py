@@ -4,8 +4,10 @@ and in Colab alike, with no kernel behind the controls).
 
 * :func:`rope_commutant_explorer` (chapter 5): the QK gauge algebra that survives RoPE with two
   rotation planes of frequencies ``theta_1, theta_2`` (radians per position), the commutant of
-  the rotations ``R_t``: ``gl(4)`` (16) when neither plane turns, ``gl(2) + C`` (6) when one does,
-  ``gl(2, C)`` (8) when both turn at the same frequency, ``C + C`` (4) otherwise.
+  the rotations ``R_t``: for frequencies on the explorer's grid (non-negative, below pi),
+  ``gl(4)`` (16) when neither plane turns, ``gl(2) + C`` (6) when one does, ``gl(2, C)`` (8)
+  when both turn at the same frequency, ``C + C`` (4) otherwise. (Frequencies equal up to sign
+  or modulo 2 pi also give 8, and a multiple of pi a real ``GL`` block: chapter 5.)
 * :func:`ecd_explorer` (chapter 15): the path of the q = 1 ECD map
   (:func:`~gaugebook.landscapes.ecd_path`) on the tilted four-well landscape for a choice of
   ``eta`` and ``F0``.
@@ -83,11 +85,12 @@ def _ecd_frame(eta: float, F0: float) -> str:
     ax = fig.subplots()
     ax.contour(X.numpy(), Y.numpy(), Z.numpy(), levels=20, colors="0.75", linewidths=0.6)
     x = path.x.numpy()
+    final = multiwell(path.x[-1]).item()  # at the square (path.F[k] is F at x[k], k < len(F))
     ax.plot(x[:, 0], x[:, 1], "-", color=PALETTE[0], linewidth=0.8)
     ax.plot(x[0, 0], x[0, 1], "o", color="black")
     ax.plot(x[-1, 0], x[-1, 1], "s", color=PALETTE[3])
     ax.set(xlim=(-2, 2), ylim=(-2, 2), aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
-           title=rf"$\eta = {eta:g}$, $F_0 = {F0:g}$: final $F = {path.F[-1].item():.2f}$")
+           title=rf"$\eta = {eta:g}$, $F_0 = {F0:g}$: final $F = {final:.2f}$")
     return figure_html(fig, alt=f"ECD path on the four-well landscape, eta {eta:g}, F0 {F0:g}, "
                                 f"ending at ({x[-1, 0]:.2f}, {x[-1, 1]:.2f}).")
 

@@ -82,15 +82,29 @@ def angular_momentum(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # --- Hamiltonian integrators and gradient descent on lists of tensors ---------------------------
 
-def _check_step(h: float, steps: int) -> None:
+def _check_steps(steps: int, shifts: torch.Tensor | None = None, d: int = 0) -> None:
+    """ValueError unless ``steps`` is a non-negative integer and ``shifts`` (if any) ``[steps,
+    d]``."""
     if not (isinstance(steps, int) and steps >= 0):
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    if shifts is not None and tuple(shifts.shape) != (steps, d):
+        raise ValueError(f"shifts must have shape [steps, d] = [{steps}, {d}], "
+                         f"got {tuple(shifts.shape)}")
+
+
+def _check_step(h: float, steps: int) -> None:
+    _check_steps(steps)
     if not (math.isfinite(h) and h > 0):
         raise ValueError(f"the step size must be positive and finite, got {h!r}")
 
 
 def _axpy(a: float, xs: Tensors, ys: Tensors) -> Tensors:
-    """``y + a x`` for each pair."""
+    """``y + a x`` for each pair; ValueError unless the lists match tensor by tensor (``zip``
+    would drop a tensor, broadcasting would hide a shape mismatch)."""
+    if len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys)):
+        raise ValueError(f"the parameters and their momenta (or gradients) must match tensor "
+                         f"by tensor, got shapes {[tuple(y.shape) for y in ys]} and "
+                         f"{[tuple(x.shape) for x in xs]}")
     return [y + a * x for x, y in zip(xs, ys)]
 
 
@@ -167,9 +181,7 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
     x = torch.as_tensor(x0, dtype=torch.float64).clone()
     d = x.numel()
     kappa, dt = ecd_kappa(eta, d), ecd_dt(lr, eta)
-    if shifts is not None and tuple(shifts.shape) != (steps, d):
-        raise ValueError(f"shifts must have shape [steps, d] = [{steps}, {d}], "
-                         f"got {tuple(shifts.shape)}")
+    _check_steps(steps, shifts, d)
 
     def loss_and_grad(x, k):
         point = x.clone().requires_grad_(True)
@@ -214,12 +226,8 @@ def optimizer_path(F: Callable[[torch.Tensor], torch.Tensor], x0,
     so ECD works too). Returns the iterates ``[steps + 1, d]`` and the losses ``[steps]`` seen at
     each step (float64); ``shifts [steps, d]`` moves the landscape at each step as in
     :func:`ecd_path`."""
-    if not (isinstance(steps, int) and steps >= 0):
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     point = torch.nn.Parameter(torch.as_tensor(x0, dtype=torch.float64).clone())
-    if shifts is not None and tuple(shifts.shape) != (steps, point.numel()):
-        raise ValueError(f"shifts must have shape [steps, d] = [{steps}, {point.numel()}], "
-                         f"got {tuple(shifts.shape)}")
+    _check_steps(steps, shifts, point.numel())
     opt = make_optimizer([point])
     xs, Fs = [point.detach().clone()], []
     for k in range(steps):

@@ -161,7 +161,8 @@ def charge_drift_grid(problem: HeadProblem | None = None, scales=(0.0, 0.5, 1.0,
     dk, n = problem.model.d_head, len(scales) * len(spreads)
     unit = protocol_shifts(dk, steps, scale=0.0, spread=1.0,
                            generator=torch.Generator().manual_seed(seed))  # sigma * z_k
-    mu = protocol_shifts(dk, 1, scale=1.0, spread=0.0)[0]
+    mu = protocol_shifts(dk, 1, scale=1.0, spread=0.0,  # the mean (its own generator: the
+                         generator=torch.Generator().manual_seed(seed))[0]  # global one untouched)
     S = torch.tensor(scales, dtype=DTYPE).repeat_interleave(len(spreads))  # (n,)
     W = torch.tensor(spreads, dtype=DTYPE).repeat(len(scales))  # (n,)
     shifts = S[None, :, None] * mu + W[None, :, None] * unit[:, None, :]  # (steps, n, dk)

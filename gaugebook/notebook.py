@@ -41,11 +41,16 @@ def flat(module: torch.nn.Module) -> torch.Tensor:
 def with_weights(module: torch.nn.Module, **weights) -> torch.nn.Module:
     """A deep copy of ``module`` with the named parameters replaced by ``weights`` (for
     transformations that are not library actions, such as the source's wrong ones); the
-    module passed in is not changed."""
+    module passed in is not changed. Each value must have its parameter's shape (a copy would
+    broadcast a single head's matrix into every head)."""
     out = copy.deepcopy(module)
     with torch.no_grad():
         for name, value in weights.items():
-            getattr(out, name).copy_(value)
+            param = getattr(out, name)
+            if tuple(torch.as_tensor(value).shape) != tuple(param.shape):
+                raise ValueError(f"{name} has shape {tuple(param.shape)}, got a value of shape "
+                                 f"{tuple(torch.as_tensor(value).shape)}")
+            param.copy_(value)
     return out
 
 

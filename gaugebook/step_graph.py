@@ -54,6 +54,11 @@ class CapturedStep:
                                      "the graph was captured with")
                 for buffer, value in zip(self._static, leaves):
                     if buffer is not None:
+                        if value.shape != buffer.shape or value.dtype != buffer.dtype:
+                            raise ValueError(  # (a copy would broadcast or convert silently)
+                                f"{self.label}: an input of shape {tuple(value.shape)}, "
+                                f"{value.dtype} replaces one captured as "
+                                f"{tuple(buffer.shape)}, {buffer.dtype}")
                         buffer.copy_(value, non_blocking=True)
                 self.graph.replay()
                 return self._output

@@ -18,6 +18,7 @@ Constructing an explorer computes what it first shows; importing this module has
 from __future__ import annotations
 
 import copy
+import math
 
 import ipywidgets as widgets
 import torch
@@ -26,6 +27,7 @@ from matplotlib.figure import Figure
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_number
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
+from gaugebook.notebook import flat
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
 from gaugebook.plots import PALETTE
 
@@ -145,6 +147,7 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
         self.cond = widgets.FloatLogSlider(value=cond, base=10, min=0, max=log10_max, step=0.25,
                                            description="condition c", readout_format=".1e",
                                            continuous_update=False)
+        _slider_grid(self.cond)  # the static twin's grid: checked now, not on display
         self.dtype = widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
         self.readout = widgets.HTML()
         super().__init__([widgets.HBox([self.cond, self.dtype]), self.readout])
@@ -165,10 +168,8 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
 
     def static(self) -> StaticExplorer:
         """The readout at every grid point of the slider and every dtype (no kernel needed)."""
-        slider = self.cond
-        n = round((slider.max - slider.min) / slider.step)
-        conds = [slider.base ** (slider.min + k * slider.step) for k in range(n + 1)]
-        start = min(conds, key=lambda c: abs(c - slider.value))
+        conds = [self.cond.base ** e for e in _slider_grid(self.cond)]
+        start = min(conds, key=lambda c: abs(c - self.cond.value))  # the value, to rounding
         return StaticExplorer(
             [Control("condition c", conds, value=start, labels=[f"{c:.1e}" for c in conds]),
              Control("dtype", list(DTYPES), value=self.dtype.value, kind="dropdown")],
@@ -206,8 +207,19 @@ def _random_direction(module: MultiHeadAttention, seed: int):
             B / torch.linalg.matrix_norm(B, ord=2)[:, None, None])
 
 
-def _flat(module: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+def _slider_grid(slider) -> list[float]:
+    """The positions ``min + k step`` of ``slider`` (exponents for a log slider), which its
+    static twin shows: ValueError unless they cover ``[min, max]`` in at least two whole steps
+    and hold its value, so that the page shows what the live widget does."""
+    n = (slider.max - slider.min) / slider.step
+    at = math.log(slider.value, slider.base) if isinstance(slider, widgets.FloatLogSlider) \
+        else slider.value
+    k = (at - slider.min) / slider.step
+    if n < 1 or abs(n - round(n)) > 1e-9 or abs(k - round(k)) > 1e-9:
+        raise ValueError(f"{slider.description}: the range [{slider.min:g}, {slider.max:g}] must "
+                         f"be a whole number of steps of {slider.step:g} (at least one), and the "
+                         f"start {at:g} one of them (of the exponents, for a log slider)")
+    return [slider.min + i * slider.step for i in range(round(n) + 1)]
 
 
 def orbit_path(module: MultiHeadAttention, inputs: torch.Tensor, s_values, *,
@@ -220,12 +232,12 @@ def orbit_path(module: MultiHeadAttention, inputs: torch.Tensor, s_values, *,
     """
     A, B = _random_direction(module, seed)
     s = torch.as_tensor(s_values, dtype=torch.float64).reshape(-1)
-    theta = _flat(module)
+    theta = flat(module).double()
     parameter_change, output_change = torch.empty_like(s), torch.empty_like(s)
     for i, si in enumerate(s):
         g = GaugeElement([QKTransform(torch.linalg.matrix_exp(si * A)),
                           VOTransform(torch.linalg.matrix_exp(si * B))])
-        parameter_change[i] = (_flat(g.act(module)) - theta).norm() / theta.norm()
+        parameter_change[i] = (flat(g.act(module)).double() - theta).norm() / theta.norm()
         output_change[i] = invariance_error(g, module, inputs)
     return {"s": s, "parameter_change": parameter_change, "output_change": output_change}
 
@@ -265,6 +277,7 @@ class OrbitExplorer(StaticTwin, widgets.VBox):
         _random_direction(self.module, seed)  # validate the module now, not on the first move
         self.s = widgets.FloatSlider(value=s, min=-s_max, max=s_max, step=0.25,
                                      description="position s", continuous_update=False)
+        _slider_grid(self.s)  # the static twin's grid: checked now, not on display
         self.readout = widgets.HTML()
         super().__init__([self.s, self.readout])
         self.s.observe(self._update, names="value")
@@ -275,10 +288,8 @@ class OrbitExplorer(StaticTwin, widgets.VBox):
 
     def static(self) -> StaticExplorer:
         """The readout at every grid point of the slider (no kernel needed)."""
-        slider = self.s
-        n = round((slider.max - slider.min) / slider.step)
-        s_values = [slider.min + k * slider.step for k in range(n + 1)]
-        start = min(s_values, key=lambda s: abs(s - slider.value))
+        s_values = _slider_grid(self.s)
+        start = min(s_values, key=lambda s: abs(s - self.s.value))  # the value, to rounding
         return StaticExplorer(
             [Control("position s", s_values, value=start,
                      labels=[f"{s:+.2f}" for s in s_values])],

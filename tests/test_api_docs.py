@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 import gaugebook
+import gaugebook.data
 
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "book" / "api"
@@ -50,6 +51,22 @@ def test_the_package_docstring_lists_every_module():
     listed = set(re.findall(r":mod:`~gaugebook\.(\w+)`", gaugebook.__doc__))
     assert listed == set(MODULES), (f"missing: {set(MODULES) - listed}, "
                                     f"extra: {listed - set(MODULES)}")
+
+
+def test_no_docstring_holds_a_control_character():
+    """A LaTeX ``\\top`` or ``\\theta`` in a docstring that is not a raw string becomes a tab
+    followed by ``op`` or ``heta`` on the API page."""
+    bad = []
+    for name in MODULES + [f"data.{m.name}" for m in pkgutil.iter_modules(gaugebook.data.__path__)]:
+        module = importlib.import_module(f"gaugebook.{name}")
+        objects = [module, *(v for _, v in inspect.getmembers(module)
+                             if getattr(v, "__module__", None) == module.__name__)]
+        for obj in objects:
+            members = inspect.getmembers(obj, inspect.isfunction) if inspect.isclass(obj) else []
+            for o in [obj, *(f for _, f in members)]:
+                if re.search(r"[\x00-\x09\x0b-\x1f]", o.__doc__ or ""):  # a tab too
+                    bad.append(f"{name}.{getattr(o, '__qualname__', '')}")
+    assert bad == []
 
 
 def test_the_table_of_contents_lists_the_appendix():

@@ -11,7 +11,7 @@ from gaugebook.decision_plots import (SYMMETRY_COLOR, band_panels,  # noqa: E402
                                       path_ratio, paper_runs,
                                       reduced_paper_configs, seed_band, best_rates,
                                       sweep_panels, sweep_statistics)
-from gaugebook.results import Run, decide, pairs_by_seed  # noqa: E402
+from gaugebook.results import Decision, Run, decide, pairs_by_seed  # noqa: E402
 
 
 def run(symmetry, seed, steps, losses, *, tag="pt", path=None, init_norm=10.0,
@@ -93,6 +93,17 @@ def test_decision_table_prints_no_negative_zero():
             for seed, off in offsets.items() for s in ("symmetric", "bq")]
     html = decision_table([decide(runs, "ecd-pt", "bq")]).to_html()
     assert "-0.000" not in html and ">0.000<" in html and "-0.001" in html
+    nan = float("nan")  # a diverged pair: the interval reads as the table reads a NaN
+    diverged = Decision("ecd-pt", "bqv", {0: nan, 1: -0.01}, nan, (nan, nan), False)
+    assert "nan" not in decision_table([diverged]).to_html()
+
+
+def test_sweep_statistics_strip_the_rate_of_every_sweep_tag():
+    steps = [10, 20, 30, 40, 50, 60]
+    runs = [run("symmetric", 0, steps, [9.0] + [2.0] * 5, optimizer=o, tag=t, lr=lr)
+            for o, t, lr in (("adamw", "lr=3e-05", 3e-5), ("adamw", "lr=0.001", 1e-3),
+                             ("ecd", "lr=0.5-F0=1", 0.5), ("ecd", "lr=1-F0=1", 1.0))]
+    assert sorted({arm for arm, _, _ in sweep_statistics(runs)}) == ["adamw", "ecd-F0=1"]
 
 
 def test_paired_deltas_pair_by_seed_at_shared_steps_and_panels_draw_them():

@@ -87,6 +87,8 @@ def test_captured_step_warms_up_then_replays_on_new_inputs():
         assert out.item() == 3 * k * (k + 1) / 2  # each call added its own input
     with pytest.raises(ValueError, match="differ in structure"):
         captured(torch.ones(3, device="cuda"), torch.ones(1, device="cuda"))
+    with pytest.raises(ValueError, match=r"shape \(1,\), torch.float32 replaces one captured"):
+        captured(torch.ones(1, device="cuda"), None)  # would broadcast into the buffer
 
 
 def _stacked_problem(projection: str, **hp):

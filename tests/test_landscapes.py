@@ -87,6 +87,14 @@ def test_explicit_euler_gains_energy_and_gd_matches_closed_form():
     assert torch.allclose(x[0], theta[0] * 0.9**7)
 
 
+def test_integrators_refuse_momenta_that_do_not_match():
+    theta, grad = [torch.zeros(3), torch.zeros(2)], lambda th, k: [torch.zeros_like(t) for t in th]
+    with pytest.raises(ValueError, match="match tensor by tensor"):
+        leapfrog(theta, [torch.zeros(3)], grad, 0.1, 2)  # zip would drop the second tensor
+    with pytest.raises(ValueError, match="match tensor by tensor"):
+        explicit_euler(theta, [torch.zeros(1), torch.zeros(2)], grad, 0.1, 2)  # would broadcast
+
+
 def test_step_is_passed_to_the_gradient():
     seen = []
 

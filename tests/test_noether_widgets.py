@@ -22,6 +22,14 @@ def grid(problem):
     return charge_drift_grid(problem, scales=(0.0, 1.0), spreads=(0.0, 1.0), h=0.05, steps=40)
 
 
+def test_the_grid_leaves_the_global_generator_alone(problem):
+    torch.manual_seed(3)
+    expected = torch.rand(1)
+    torch.manual_seed(3)
+    charge_drift_grid(problem, scales=(1.0,), spreads=(0.0,), steps=2)
+    assert torch.equal(torch.rand(1), expected)
+
+
 def test_problem_gradients_and_charge(problem):
     theta = problem.parameters()
     g = problem.grad(theta)

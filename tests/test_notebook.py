@@ -13,6 +13,13 @@ from gaugebook.results import Table
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_with_weights_refuses_a_value_that_would_broadcast():
+    layer = MultiHeadAttention(8, 2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"W_Q has shape \(2, 8, 4\)"):
+        with_weights(layer, W_Q=torch.ones(8, 4))  # one head's matrix into both heads
+    assert torch.equal(with_weights(layer, W_Q=torch.ones(2, 8, 4)).W_Q, torch.ones(2, 8, 4))
+
+
 def test_html_table_keeps_cells_as_html():
     table = html_table(["d<sub>k</sub>", "count"],
                        [["GL(d<sub>k</sub>)", 12], ["S<sub>h</sub>", 1.5]])

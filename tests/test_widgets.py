@@ -152,3 +152,22 @@ def test_orbit_explorer_callback_and_validation(small):
     rope = MultiHeadAttention(8, 2, 4, rope=True, dtype=torch.float64, generator=g)
     with pytest.raises(ValueError, match="RoPE"):
         OrbitExplorer(rope, torch.zeros(1, 4, 8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("make", [
+    lambda small: OrbitExplorer(*small, s=1.0, s_max=1.1),  # range not whole steps: 1.15 shown
+    lambda small: OrbitExplorer(*small, s=0.1),  # a start the static page would snap to 0
+    lambda small: OrbitExplorer(*small, s=0.0, s_max=0.05),  # no second position
+    lambda small: ConditionExplorer(*small, seeds=1, cond=3e4),  # static page: 3.2e4
+])
+def test_explorers_refuse_a_slider_the_static_page_cannot_show(small, make):
+    with pytest.raises(ValueError, match="whole number of steps"):
+        make(small)
+
+
+def test_static_twins_show_the_live_start(small):
+    orbit = OrbitExplorer(*small, s=2.0, s_max=3.0).static().controls[0]
+    assert orbit.values[orbit.index] == 2.0 and max(orbit.values) == 3.0
+    cond = ConditionExplorer(*small, seeds=1, cond=10 ** 0.75, log10_max=1.0).static()
+    c = cond.controls[0]
+    assert len(c.values) == 5 and c.values[c.index] == pytest.approx(10 ** 0.75)
