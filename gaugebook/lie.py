@@ -70,6 +70,7 @@ import torch
 from torch import nn
 from torch.func import jvp, vmap
 
+from gaugebook.attention import check_rope_mode
 from gaugebook.linalg import DTYPE, check_invertible, check_permutation
 from gaugebook.rope import check_rotary_dim
 
@@ -498,8 +499,7 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
     ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
     RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE.
     """
-    if rope not in (False, True, "gated"):
-        raise ValueError(f"rope must be False, True or 'gated', got {rope!r}")
+    check_rope_mode(rope)
     if rope:
         rotary_dim = check_rotary_dim(d_head, d_head if rotary_dim is None else rotary_dim)
     elif rotary_dim:
