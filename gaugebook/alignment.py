@@ -316,11 +316,16 @@ def align_gpt(model_a: GPT, model_b: GPT, *, method: str = "lstsq", residual: bo
     Each step can be switched off (``residual``, ``heads``, ``frames``, ``mlp``) to measure what
     it contributes. The first residual matching sees only the tensors no other symmetry touches
     (embeddings, LayerNorm, output biases) in a meaningful frame; later rounds see everything
-    aligned.
+    aligned. Head matching needs one key/value head per query head: under GQA or MQA pass
+    ``heads=False``.
     """
     _check_gpt_pair(model_a, model_b)
     if rounds < 1:
         raise ValueError(f"rounds must be positive, got {rounds}")
+    if heads and model_a.config.kv_heads != model_a.config.n_head:
+        raise ValueError(f"head matching needs one key/value head per query head, but the models "
+                         f"have {model_a.config.kv_heads} for {model_a.config.n_head}: pass "
+                         "heads=False to align them without it")
     b = copy.deepcopy(model_b)
     for _ in range(rounds):
         if residual:

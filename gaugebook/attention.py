@@ -81,6 +81,8 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         check_rope_mode(rope)
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         if not isinstance(causal, bool):
             raise ValueError(f"causal must be True or False, got {causal!r}")
         if rotary_dim is not None and not rope:
@@ -128,6 +130,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def has_bias(self) -> bool:
+        """Whether the layer has the biases ``b_Q, b_K, b_V, b_O``."""
         return self.b_Q is not None
 
     @property
@@ -155,14 +158,20 @@ class MultiHeadAttention(nn.Module):
                 param.copy_((2 * u - 1) / math.sqrt(fan_in))
 
     def extra_repr(self) -> str:
+        """The sizes and options, for ``repr``."""
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"d_head={self.d_head}, d_value={self.d_value}, bias={self.has_bias}, "
                 f"rope={self.rope!r}, causal={self.causal}")
 
     def _check_input(self, x: torch.Tensor) -> None:
+        """``x [B, T, d_model]`` of the weights' dtype (any float dtype under autocast)."""
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"expected input of shape [B, T, d_model={self.d_model}], "
                              f"got {tuple(x.shape)}")
+        if x.dtype != self.W_Q.dtype and not (x.is_floating_point()
+                                              and torch.is_autocast_enabled(x.device.type)):
+            raise ValueError(f"input of dtype {x.dtype} for weights of dtype {self.W_Q.dtype}: "
+                             f"cast one to the other (x.to({self.W_Q.dtype}) or layer.to(...))")
 
     def _check_shift(self, name: str, shift, heads: str, width: str) -> None:
         """ValueError unless ``shift`` is ``None`` or a tensor ``[width]`` (shared by the heads),

@@ -28,13 +28,17 @@ class MultiOptimizer:
 
     @property
     def param_groups(self) -> list[dict]:
+        """The parameter groups of every wrapped optimizer, in order."""
         return [group for opt in self.optimizers for group in opt.param_groups]
 
     @property
     def state(self) -> dict:
+        """``{parameter: state}`` merged over the wrapped optimizers."""
         return {p: s for opt in self.optimizers for p, s in opt.state.items()}
 
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
+        """One step of every wrapped optimizer; ``closure`` (optional) is evaluated once, here, and
+        its loss returned."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -44,13 +48,16 @@ class MultiOptimizer:
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """``zero_grad`` of every wrapped optimizer."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict:
+        """``{"optimizers": [state_dict of each wrapped optimizer]}``."""
         return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict` of a ``MultiOptimizer`` over the same optimizers."""
         states = state_dict["optimizers"]
         if len(states) != len(self.optimizers):
             raise ValueError(f"state_dict holds {len(states)} optimizers, this MultiOptimizer has "

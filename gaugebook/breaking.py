@@ -83,6 +83,7 @@ class SymmetryBreakingBias(nn.Module):
             self.register_buffer("v_std", torch.full((d_value,), VALUE_STD))
 
     def extra_repr(self) -> str:
+        """The mode and sizes, for ``repr``."""
         return f"mode={self.mode!r}, d_head={self.q_mean.numel()}, mu_v={self.mu_v}"
 
     def sample(self, generator: torch.Generator | None = None):
@@ -96,6 +97,7 @@ class SymmetryBreakingBias(nn.Module):
         return query, (normal(self.v_mean, self.v_std) if self.mode == "bqv" else None)  # (dv,)
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(b_Q, b_V or None)``: a fresh draw in training mode, the means in eval mode."""
         if not self.training:  # inference uses the means
             return self.q_mean, (self.v_mean if self.mode == "bqv" else None)
         return self.sample()
@@ -137,6 +139,8 @@ class ShiftedAttention(nn.Module):
         self.register_buffer("value_shifts", value_shifts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, d_model]`` -> ``[n_draws, B, T, d_model]``: the layer under each fixed
+        draw."""
         def shift(shifts, i):
             return None if shifts is None else shifts[i]
 

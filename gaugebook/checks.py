@@ -9,12 +9,21 @@ from torch import nn
 __all__ = ["check_number", "check_finite", "check_positive_ints", "check_finite_tensors"]
 
 
-def check_number(name: str, value, *, low: float, strict: bool) -> float:
-    """``value`` as a finite float ``> low`` (``strict``) or ``>= low``; ValueError otherwise."""
+def _real(value) -> float:
+    """``float(value)`` of a real number (a Python, NumPy or 0-d tensor scalar); NaN for a
+    string, a bool or anything else, which ``float`` would convert ("0.5", True)."""
+    if isinstance(value, (str, bytes, bool)):
+        return math.nan
     try:
-        x = float(value)
+        return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+        return math.nan
+
+
+def check_number(name: str, value, *, low: float, strict: bool) -> float:
+    """``value`` as a finite float ``> low`` (``strict``) or ``>= low``; ValueError otherwise
+    (also for a string or a bool)."""
+    x = _real(value)
     if not math.isfinite(x) or (x <= low if strict else x < low):
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be finite and {relation} {low:g}, got {value!r}")
@@ -30,11 +39,8 @@ def check_positive_ints(**sizes) -> None:
 
 
 def check_finite(name: str, value) -> float:
-    """``value`` as a finite float; ValueError otherwise."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
+    """``value`` as a finite float; ValueError otherwise (also for a string or a bool)."""
+    x = _real(value)
     if not math.isfinite(x):
         raise ValueError(f"{name} must be a finite real number, got {value!r}")
     return x

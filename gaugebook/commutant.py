@@ -35,6 +35,7 @@ class Commutant:
 
     @property
     def dimension(self) -> int:
+        """The commutant's dimension, the number of basis elements."""
         return self.basis.shape[0]
 
     @property

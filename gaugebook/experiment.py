@@ -319,6 +319,7 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
 
 
 def main(argv=None) -> None:
+    """The command line ``python -m gaugebook.experiment`` (``--help`` lists its options)."""
     parser = argparse.ArgumentParser(prog="python -m gaugebook.experiment", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help=f"one of {sorted(presets())} (required unless --list)")

@@ -24,6 +24,9 @@ def _pair(batch, t: int) -> tuple:
     """Step ``t``'s ``(x, y)``: ``batch`` itself, or a :class:`Batch`'s inputs and targets."""
     if isinstance(batch, Batch):
         return batch.inputs, batch.targets
+    if torch.is_tensor(batch):  # unpacking would split it along its first axis
+        raise ValueError(f"batch {t} must be an (x, y) pair or a Batch, got a Tensor of shape "
+                         f"{tuple(batch.shape)}")
     try:
         x, y = batch
     except (TypeError, ValueError):

@@ -377,12 +377,19 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
 
 @torch.no_grad()
 def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float:
-    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs.
+    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs, for the
+    module ``f`` and the element ``g``, given in either order (``invariance_error(f, g, x)``
+    works too).
 
     Both forward passes start from the same random state (restored afterwards), so a stochastic
     model (dropout, symmetry-breaking biases in training mode) draws the same noise in both.
     Non-finite weights or inputs are refused (ValueError naming the tensor).
     """
+    if isinstance(element, nn.Module) and isinstance(module, GaugeElement):
+        element, module = module, element
+    if not isinstance(element, GaugeElement) or not isinstance(module, nn.Module):
+        raise TypeError("invariance_error takes a GaugeElement and an nn.Module, then the "
+                        f"inputs; got {type(element).__name__} and {type(module).__name__}")
     check_finite_tensors(module, *inputs)
     cuda = sorted({p.device.index for p in module.parameters() if p.is_cuda})
 

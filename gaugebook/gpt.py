@@ -102,10 +102,13 @@ class GPTConfig:
 
     @property
     def head_size(self) -> int:
+        """The width of a query, key or value head, ``n_embd / n_head``."""
         return self.n_embd // self.n_head
 
     @property
     def kv_heads(self) -> int:
+        """The number of key/value heads, ``n_kv_head``, or ``n_head`` (MHA) when that is
+        ``None``."""
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @classmethod
@@ -123,6 +126,7 @@ class GPTConfig:
         return cls(**d)
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (JSON-ready; :meth:`from_dict` reads it back)."""
         return dataclasses.asdict(self)
 
 
@@ -134,6 +138,7 @@ class PReLU(nn.PReLU):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """PReLU over the last axis of ``x [..., C]`` (one slope per channel ``C``)."""
         return super().forward(x.flatten(0, -2)).view_as(x)
 
 
@@ -149,6 +154,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``c_proj(act(c_fc(x)))``: ``[B, T, D] -> [B, T, 4D] -> [B, T, D]``."""
         return self.c_proj(self.act(self.c_fc(x)))  # (B, T, D) -> (B, T, 4D) -> (B, T, D)
 
 
@@ -261,20 +267,29 @@ class GPT(nn.Module):
         return list(groups.values())
 
     def _check_tokens(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
-        """Token ids in ``[0, vocab_size)``, a non-empty batch, some target not ignored. The
-        value checks are skipped where :func:`_host_reads_allowed` says no."""
+        """Token ids in ``[0, vocab_size)``, a non-empty batch; targets in the same range or
+        ``-100`` (ignored), some target not ignored. The value checks are skipped where
+        :func:`_host_reads_allowed` says no."""
         if idx.numel() == 0:
             raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
-        if idx.is_floating_point() or idx.is_complex():
-            raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        for name, ids in (("idx", idx), ("targets", targets)):
+            if ids is not None and (ids.is_floating_point() or ids.is_complex()):
+                raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
         if not _host_reads_allowed(idx):
             return
+        V = self.config.vocab_size
         low, high = int(idx.min()), int(idx.max())
-        if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{low}, {high}]")
-        if targets is not None and bool((targets == -100).all()):
+        if low < 0 or high >= V:
+            raise ValueError(f"token ids must lie in [0, {V}), got [{low}, {high}]")
+        if targets is None:
+            return
+        kept = targets[targets != -100]
+        if kept.numel() == 0:
             raise ValueError("every target is -100 (ignored): the mean loss has no terms")
+        low, high = int(kept.min()), int(kept.max())
+        if low < 0 or high >= V:
+            raise ValueError(f"targets must lie in [0, {V}) or be -100 (ignored), got "
+                             f"[{low}, {high}] among the others")
 
     def _check_bias_draws(self, bias_draws) -> None:
         """ValueError unless ``bias_draws`` is ``(b_Q [n_layer, head_size], b_V)`` with ``b_V``

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.breaking import SymmetryBreakingBias, drawn_gauge
+from gaugebook.breaking import drawn_gauge
 from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
@@ -100,6 +100,7 @@ class LogProbabilities(nn.Module):
         self.gpt = gpt
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """``log softmax`` of the GPT's logits, ``[B, T, V]``."""
         logits, _ = self.gpt(idx)  # (B, T, V)
         return F.log_softmax(logits, dim=-1)
 
@@ -197,12 +198,6 @@ def parameter_count(config: GPTConfig) -> int:
     return embeddings + config.n_layer * (attention + mlp + layernorms) + (1 + b) * D
 
 
-def _check_deterministic(model: nn.Module) -> None:
-    if any(isinstance(m, SymmetryBreakingBias) and m.training for m in model.modules()):
-        raise ValueError("in training mode the symmetry-breaking biases are redrawn at every call, "
-                         "so the function is random: call .eval() (the count is for the means)")
-
-
 def _block_shape(block: Block) -> dict:
     a = block.attn
     return dict(d_model=a.d_model, n_head=a.n_heads, n_kv_head=a.n_kv_heads, bias=a.has_bias,
@@ -218,10 +213,11 @@ COUNTED = (Block, GPT, LogProbabilities)
 def redundancy_count(model: Block | GPT | LogProbabilities) -> int:
     """The count :func:`gaugebook.redundancy.predicted_redundancy` gives: a block on its own
     (output: the residual stream after the block, mean included), a GPT (its own output, the
-    logits) or :class:`LogProbabilities` (``D`` more than the logits: ``embedding_shift``)."""
+    logits) or :class:`LogProbabilities` (``D`` more than the logits: ``embedding_shift``). With
+    symmetry-breaking biases it counts the eval-mode function (the biases at their means), in
+    either mode, as :func:`~gaugebook.redundancy.redundancy` measures it."""
     if not isinstance(model, COUNTED):
         raise TypeError(f"expected a Block, GPT or LogProbabilities, got {type(model).__name__}")
-    _check_deterministic(model)
     if isinstance(model, Block):
         return sum(block_terms(**_block_shape(model), in_gpt=False).values())
     if isinstance(model, GPT):

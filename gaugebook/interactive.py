@@ -83,6 +83,8 @@ class Control:
         raise ValueError(f"control {self.description!r}: {value!r} is not among its values")
 
     def html(self, position: int) -> str:
+        """The control's HTML (a slider or a dropdown) for the static page, as control
+        ``position``."""
         labels = html.escape(json.dumps(self.labels))
         common = f'data-gb-control="{position}" data-gb-labels="{labels}"'
         name = html.escape(self.description)
@@ -153,6 +155,7 @@ class StaticTwin:
     """
 
     def static(self) -> StaticExplorer:  # pragma: no cover - every explorer defines it
+        """The explorer's static twin, shown where no kernel runs."""
         raise NotImplementedError(f"{type(self).__name__} must define static()")
 
     def _repr_mimebundle_(self, **kwargs):

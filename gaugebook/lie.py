@@ -143,11 +143,17 @@ class Factor:
         raise NotImplementedError
 
     def inverse(self) -> "Factor":  # pragma: no cover - abstract
+        """The inverse factor: ``f.inverse()`` undoes ``f``'s action."""
         raise NotImplementedError
 
     def resolve(self, model: nn.Module) -> nn.Module:
         """The submodule of ``model`` at :attr:`target`, checked to be one this factor fits."""
-        module = model.get_submodule(self.target)
+        try:
+            module = model.get_submodule(self.target)
+        except AttributeError:
+            raise ValueError(f"{type(self).__name__} targets {self.target!r}, which "
+                             f"{type(model).__name__} does not have: apply the element to the "
+                             "model it was built for") from None
         if not isinstance(module, self.acts_on):
             kinds = self.acts_on if isinstance(self.acts_on, tuple) else (self.acts_on,)
             names = " or ".join(k.__name__ for k in kinds)
@@ -218,6 +224,7 @@ class MatrixFactor(ContinuousFactor):
         object.__setattr__(self, name, value)
 
     def inverse(self):
+        """The inverse matrices."""
         name = _parameter(self)
         return dataclasses.replace(self, **{name: torch.linalg.inv(getattr(self, name))})
 
@@ -247,6 +254,7 @@ class TranslationFactor(ContinuousFactor):
         object.__setattr__(self, name, value)
 
     def inverse(self):
+        """The opposite translation."""
         name = _parameter(self)
         return dataclasses.replace(self, **{name: -getattr(self, name)})
 
@@ -271,6 +279,7 @@ class ScalingFactor(ContinuousFactor):
         object.__setattr__(self, name, value)
 
     def inverse(self):
+        """The reciprocal scalings."""
         name = _parameter(self)
         return dataclasses.replace(self, **{name: 1 / getattr(self, name)})
 
@@ -294,15 +303,17 @@ class PermutationFactor(Factor):
         object.__setattr__(self, name, perm)
 
     def inverse(self):
+        """The inverse permutations."""
         name = _parameter(self)
         return dataclasses.replace(self, **{name: torch.argsort(getattr(self, name), dim=-1)})
 
 
 class GaugeElement:
-    """A product of factors, applied first to last."""
+    """A product of factors, applied first to last: ``GaugeElement([f1, f2])`` acts as ``f2``
+    after ``f1``; a single factor may be passed on its own."""
 
     def __init__(self, factors=()):
-        self.factors = tuple(factors)
+        self.factors = (factors,) if isinstance(factors, Factor) else tuple(factors)
         for f in self.factors:
             if not isinstance(f, Factor):
                 raise TypeError(f"a gauge factor must be a Factor, got {type(f).__name__}")
@@ -326,12 +337,23 @@ class GaugeElement:
         return out
 
     def inverse(self) -> "GaugeElement":
+        """``g^{-1}``: the inverse factors in reverse order, so ``g.inverse().act(g.act(m))``
+        has ``m``'s parameters."""
         return GaugeElement(f.inverse() for f in reversed(self.factors))
 
-    def __matmul__(self, other: "GaugeElement") -> "GaugeElement":
+    def __matmul__(self, other: "GaugeElement | Factor") -> "GaugeElement":
+        """``(a @ b).act(m) == a.act(b.act(m))``, as functions compose (``b`` acts first)."""
+        if isinstance(other, Factor):
+            other = GaugeElement(other)
         if not isinstance(other, GaugeElement):
             return NotImplemented
         return GaugeElement(other.factors + self.factors)
+
+    def __rmatmul__(self, other: Factor) -> "GaugeElement":
+        """``factor @ element``: the factor acts after the element."""
+        if not isinstance(other, Factor):
+            return NotImplemented
+        return GaugeElement(other) @ self
 
     def __repr__(self) -> str:
         names = ", ".join(f"{type(f).__name__}({f.target!r})" if f.target else type(f).__name__
@@ -340,6 +362,7 @@ class GaugeElement:
 
 
 def identity() -> GaugeElement:
+    """The identity element: no factors, ``identity().act(m)`` a copy of ``m``."""
     return GaugeElement()
 
 

@@ -153,8 +153,9 @@ def check_invertible(matrices: torch.Tensor, name: str) -> torch.Tensor:
     limit = 1 / torch.finfo(DTYPE).eps
     bad = torch.nonzero(~(cond < limit)).flatten().tolist()
     if bad:
+        c = cond[bad[0]].item()  # NaN where LAPACK divides by a zero singular value
         raise ValueError(f"{name}[{bad[0]}] is singular (condition number "
-                         f"{cond[bad[0]].item():.3g} >= 1/eps = {limit:.3g})")
+                         f"{c if c == c else math.inf:.3g} >= 1/eps = {limit:.3g})")
     return matrices
 
 

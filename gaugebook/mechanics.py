@@ -106,6 +106,7 @@ class Sectors:
 
     @property
     def vo_norm(self) -> torch.Tensor:
+        """The Frobenius norm of each VO charge matrix."""
         return torch.linalg.matrix_norm(self.vo)
 
 

@@ -141,6 +141,7 @@ class MoE(nn.Module):
 
     @property
     def has_router_bias(self) -> bool:
+        """Whether the router has a bias ``b_r``."""
         return self.b_r is not None
 
     @torch.no_grad()
@@ -159,6 +160,7 @@ class MoE(nn.Module):
             param.copy_(value)
 
     def extra_repr(self) -> str:
+        """The sizes and options, for ``repr``."""
         return (f"d_model={self.d_model}, n_experts={self.n_experts}, d_hidden={self.d_hidden}, "
                 f"k={self.k}, activation={self.activation!r}, "
                 f"router_bias={self.has_router_bias}, renormalize={self.renormalize}")
@@ -197,7 +199,9 @@ class MoE(nn.Module):
 
 def redundancy_count(m: MoE) -> int:
     """Redundant directions of the layer's output at generic weights and inputs (every expert
-    chosen by enough tokens, no token at a tie), the count that
+    chosen by enough tokens, no token at a tie; every ReLU unit active on some of its expert's
+    tokens and inactive on others: a unit that never switches adds directions, as in
+    :func:`gaugebook.gpt_redundancy.positive_fraction`), the count that
     :func:`gaugebook.redundancy.predicted_redundancy` gives for a :class:`MoE`:
 
     * router: the shift ``c [D]`` (plus ``s`` with a router bias). With ``k = 1`` and

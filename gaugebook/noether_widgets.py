@@ -66,6 +66,8 @@ class HeadProblem:
         return [p.detach().to(DTYPE).clone() for p in self.model.parameters()]
 
     def loss(self, theta, query_shift=None) -> torch.Tensor:
+        """Half the mean squared error of the layer at parameters ``theta`` (a tuple in ``names``
+        order), with an optional fixed ``query_shift``."""
         out = functional_call(self.model, dict(zip(self.names, theta)), (self.x,),
                               {"query_shift": query_shift})  # (B, T, D)
         return 0.5 * ((out - self.y) ** 2).mean()

@@ -330,11 +330,13 @@ class ECD(Optimizer):
 
     @property
     def steps(self):
+        """The number of steps that moved the parameters (a list per member when batched)."""
         self._settle()
         return self._moved if self.members else self._moved[0]
 
     @property
     def skipped_steps(self):
+        """The number of steps skipped because ``F <= F0`` (a list per member when batched)."""
         self._settle()
         return self._skipped if self.members else self._skipped[0]
 
@@ -558,8 +560,12 @@ class ECD(Optimizer):
         return kicks, dots, fresh
 
     def _raw_gradients(self) -> list[torch.Tensor]:
+        params = self._params()
+        if all(p.grad is None for p in params):
+            raise ValueError("ECD.step: no parameter has a gradient; the closure must call "
+                             "loss.backward() before it returns the loss")
         grads = []
-        for p in self._params():
+        for p in params:
             if p.grad is not None and p.grad.is_sparse:
                 raise ValueError("ECD does not support sparse gradients")
             grads.append(torch.zeros_like(p) if p.grad is None else p.grad)
@@ -837,6 +843,7 @@ class ECD(Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict` written by ECD (also its step counts and the flat velocity)."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("ecd", None)
         if extra is None:

@@ -125,17 +125,24 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     Measures the model in eval mode whatever mode it is in (a float64 copy, as
     :class:`FlatModel`; ``model`` stays untouched): symmetry-breaking biases at their means, the
     function that :func:`predicted_redundancy` counts. Use enough generic inputs that the output
-    count exceeds the expected rank (a warning says when the rank is capped by the number of
-    outputs). ``rtol``: see :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs
-    are refused.
+    count exceeds the expected rank: a warning says when the rank is capped by the number of
+    outputs, or when there are fewer outputs than the rank that :func:`predicted_redundancy`
+    expects (where it has a count for ``model``; a GPT's logits are low-rank, so its rank can
+    stay below the output count and still be capped). ``rtol``: see
+    :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs are refused.
     """
     check_finite_tensors(model, *inputs)
     J = jacobian(model, *inputs)
     n_out, n_params = J.shape
     s = torch.linalg.svdvals(J)
     rank, tol, gap = numerical_rank(s, J.shape, rtol)
-    if rank == n_out < n_params:
-        warnings.warn(f"the Jacobian rank equals the number of outputs ({n_out}): use more or "
+    try:
+        expected = n_params - predicted_redundancy(model)
+    except (TypeError, ValueError):  # no count for this module, or options the count refuses
+        expected = 0
+    if rank == n_out < n_params or n_out < expected:
+        why = f"the theory expects rank {expected}" if n_out < expected else "no more"
+        warnings.warn(f"{n_out} outputs for a Jacobian of rank {rank} ({why}): use more or "
                       "longer inputs to probe the function fully", stacklevel=2)
     return Redundancy(n_params, rank, n_params - rank, s, tol, gap)
 

@@ -8,8 +8,8 @@ compared run recorded (:func:`common_steps`, :func:`values_at`, :func:`breaking_
 
 Typical use (chapter 17)::
 
-    runs = load_runs("results/gpu/seed0")
-    ecd = select(runs, optimizer="ecd", activation="prelu")
+    runs = load_runs(find_results("results/gpu/seed0"))  # from any folder, or the wheel's copy
+    ecd = select(runs, arm="ecd", activation="prelu")
     effects = breaking_effects(runs)          # broken minus symmetric, at equal steps
     display(effects_table(effects))           # an HTML table in a notebook
 """
@@ -136,6 +136,7 @@ class Run:
 
     @property
     def last_step(self) -> int | None:
+        """The last recorded step (``None`` for an empty history)."""
         return self.history["step"][-1] if self.history["step"] else None
 
     def _column(self, key: str) -> np.ndarray:
@@ -191,9 +192,10 @@ def load_runs(folder: str | Path) -> list[Run]:
 
 
 def select(runs: list[Run], **criteria) -> list[Run]:
-    """The runs whose ``optimizer``, ``symmetry``, ``activation`` or ``seed`` match; a criterion
-    may be one value or a tuple/list/set of accepted values."""
-    valid = {"optimizer", "symmetry", "activation", "seed"}
+    """The runs whose ``optimizer``, ``tag``, ``arm`` (:attr:`Run.arm`: ``"ecd-pt"`` is the
+    optimizer ``"ecd"`` with the tag ``"pt"``), ``symmetry``, ``activation`` or ``seed`` match; a
+    criterion may be one value or a tuple/list/set of accepted values."""
+    valid = {"optimizer", "tag", "arm", "symmetry", "activation", "seed"}
     unknown = sorted(set(criteria) - valid)
     if unknown:
         raise ValueError(f"unknown selection key(s) {unknown}; valid: {sorted(valid)}")
@@ -237,8 +239,8 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *,
     optimizer, activation and seed.
 
     ``step=None`` uses, for each pair, the largest step both runs recorded. Returns records
-    ``{optimizer, activation, seed, symmetry, step, baseline_value, value, delta}`` (``optimizer``
-    is the run's :attr:`Run.arm`, so tagged variants pair among themselves), sorted;
+    ``{arm, activation, seed, symmetry, step, baseline_value, value, delta}`` (``arm``: the
+    run's :attr:`Run.arm`; tagged variants pair among themselves), sorted;
     broken runs without a symmetric partner are left out, and a broken run with several is an
     error (:func:`partner_pairs`).
     """
@@ -252,13 +254,13 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *,
         else:
             at = step
         value, base = run.at(at, key), partner.at(at, key)
-        out.append(dict(optimizer=run.arm, activation=run.activation, seed=run.seed,
+        out.append(dict(arm=run.arm, activation=run.activation, seed=run.seed,
                         symmetry=run.symmetry, step=at, baseline_value=base, value=value,
                         delta=value - base))
-    return sorted(out, key=lambda d: (d["optimizer"], d["activation"], d["symmetry"], d["seed"]))
+    return sorted(out, key=lambda d: (d["arm"], d["activation"], d["symmetry"], d["seed"]))
 
 
-def seed_summary(records: list[dict], by=("optimizer", "activation", "symmetry"),
+def seed_summary(records: list[dict], by=("arm", "activation", "symmetry"),
                  value: str = "delta") -> list[dict]:
     """Group records (e.g. from :func:`breaking_effects`) over seeds: ``n_seeds``, ``mean`` and
     the sample standard deviation ``std`` (``None`` with a single seed: one seed does not
@@ -279,8 +281,9 @@ HELPS_BELOW = -0.1  # and mean Delta below this (with Delta < 0 in every seed)
 
 
 def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss") -> float:
-    """Mean of ``history[key]`` over the run's last ``last`` evaluations (ValueError with fewer)."""
-    values = run.history[key]
+    """Mean of ``history[key]`` over the run's last ``last`` evaluations (ValueError with fewer,
+    or for a key the run does not record; NaN where a value is not recorded)."""
+    values = run._column(key)
     if len(values) < last:
         raise ValueError(f"{run.name} recorded {len(values)} evaluations; the statistic needs "
                          f"the last {last}")
@@ -388,6 +391,7 @@ class PairedProbes:
         return (self.gained - self.lost) / self.n
 
     def sentence(self) -> str:
+        """The comparison in words: gained and lost instances, the gain and McNemar's p."""
         return (f"{self.gained} gained and {self.lost} lost of {self.n:,} instances "
                 f"(gain {self.gain:+.3f}, McNemar p = {self.p:.2g})")
 
@@ -585,6 +589,7 @@ class Table:
         return html.escape(str(value))
 
     def to_html(self) -> str:
+        """The table as compact HTML (what a notebook displays)."""
         # compact (0.8rem, narrow padding) so that a table of eight columns fits the book's column
         style = 'style="padding: 2px 6px; border-bottom: 1px solid #ccc; text-align: left"'
         head = "".join(f"<th {style}>{self._cell(h)}</th>" for h in self.header)
@@ -600,7 +605,7 @@ class Table:
 
 def effects_table(effects: list[dict], *, caption: str | None = None) -> Table:
     """:func:`breaking_effects` as a :class:`Table` (one row per broken run)."""
-    rows = [[e["optimizer"], e["activation"], e["symmetry"], e["seed"], e["step"],
+    rows = [[e["arm"], e["activation"], e["symmetry"], e["seed"], e["step"],
              e["baseline_value"], e["value"], f"{e['delta']:+.3f}"] for e in effects]
-    return Table(["optimizer", "activation", "breaking", "seed", "step", "symmetric", "broken",
+    return Table(["arm", "activation", "breaking", "seed", "step", "symmetric", "broken",
                   "Δ (broken − symmetric)"], rows, caption=caption)

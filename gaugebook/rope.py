@@ -41,6 +41,9 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor) 
     ``positions [T]``; plane ``(i, i + r/2)`` maps ``(a, b) -> (a cos - b sin, a sin + b cos)``.
     """
     half = frequencies.numel()
+    if 2 * half > x.shape[-1]:
+        raise ValueError(f"{half} frequencies rotate {2 * half} coordinates, more than the "
+                         f"{x.shape[-1]} of x (at most d / 2 frequencies)")
     dtype = torch.promote_types(frequencies.dtype, torch.float32)  # bfloat16 rounds 257 to 256
     angles = positions.to(dtype)[:, None] * frequencies.to(dtype)[None, :]  # [T, r/2]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

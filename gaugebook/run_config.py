@@ -155,6 +155,8 @@ class RunConfig:
 
     @property
     def name(self) -> str:
+        """The run's name and its result file's stem, ``optimizer-symmetry-activation-s<seed>``,
+        plus ``-<tag>`` when tagged."""
         name = f"{self.optimizer}-{self.symmetry}-{self.activation}-s{self.seed}"
         return f"{name}-{self.tag}" if self.tag else name
 
@@ -165,6 +167,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
+        """The config of a result record's ``config`` (ValueError naming unknown keys)."""
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - valid)
         if unknown:

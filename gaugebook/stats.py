@@ -42,6 +42,7 @@ class Correlation:
     strata: int = 1
 
     def sentence(self) -> str:
+        """The correlation in words: rho, its permutation p, the bootstrap interval and n."""
         within = f", within {self.strata} groups" if self.strata > 1 else ""
         return (f"rho = {self.rho:+.2f} (permutation p = {self.p:.2g}, 95% bootstrap interval "
                 f"[{self.interval[0]:+.2f}, {self.interval[1]:+.2f}], n = {self.n}{within})")

@@ -72,6 +72,31 @@ def test_no_docstring_holds_a_control_character():
     assert bad == []
 
 
+def test_every_public_function_method_and_property_has_a_docstring():
+    """What the API pages show: a method without a docstring of its own may inherit one from a
+    class of the package (Sphinx shows the inherited text)."""
+    def documented(obj, name, value) -> bool:
+        f = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+        return bool((f.__doc__ or "").strip()) or any(
+            (getattr(getattr(base, name, None), "__doc__", None) or "").strip()
+            for base in obj.__mro__[1:] if base.__module__.startswith("gaugebook"))
+
+    bare = []
+    for name in MODULES:
+        module = importlib.import_module(f"gaugebook.{name}")
+        for n in sorted(public_callables(module)):
+            obj = getattr(module, n)
+            if getattr(obj, "__module__", None) != module.__name__:
+                continue  # documented in its own module
+            if not inspect.getdoc(obj):
+                bare.append(f"{name}.{n}")
+            if inspect.isclass(obj):
+                bare += [f"{name}.{n}.{m}" for m, v in vars(obj).items()
+                         if not m.startswith("_") and (isinstance(v, property) or inspect.isfunction(
+                             getattr(v, "__func__", v))) and not documented(obj, m, v)]
+    assert bare == []
+
+
 def test_the_table_of_contents_lists_the_appendix():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     appendices = next(p for p in toc["parts"] if p["caption"] == "Appendices")["chapters"]

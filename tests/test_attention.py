@@ -82,6 +82,11 @@ def test_rotate_counts_positions_exactly_with_bfloat16_frequencies():
     assert not torch.equal(y[0, 257], y[0, 256])
 
 
+def test_rotate_refuses_more_frequencies_than_half_the_width():
+    with pytest.raises(ValueError, match="3 frequencies rotate 6 coordinates, more than the 4"):
+        rotate(torch.ones(2, 4), torch.arange(2), rope_frequencies(6))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(d_model=8, n_heads=2, d_head=4, rotary_dim=2), "rotary_dim=2 needs rope"),
     (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=1.0), "rope_base must be greater"),
@@ -110,6 +115,15 @@ def test_bad_input_shape_is_rejected():
         m(torch.randn(2, 5, 7))
     with pytest.raises(ValueError, match="d_model"):
         m(torch.randn(5, 8))
+    with pytest.raises(ValueError, match=r"input of dtype torch.float64 for weights of dtype "
+                       r"torch.float32: cast one to the other \(x.to\(torch.float32\)"):
+        m(torch.randn(2, 5, 8, dtype=torch.float64))  # einsum: "expected scalar type Float"
+    with pytest.raises(ValueError, match="dtype torch.int64"):
+        m(torch.ones(2, 5, 8, dtype=torch.long))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast mixes dtypes on purpose
+        assert m(torch.randn(2, 5, 8, dtype=torch.bfloat16)).shape == (2, 5, 8)
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
+        MultiHeadAttention(8, 2, 4, dtype=torch.int64)
 
 
 @pytest.mark.parametrize("kw, shape, name", [

@@ -73,6 +73,8 @@ def test_a_stream_of_corpus_batches_is_accepted():
         fit(model, opt, [tuple(corpus.batch(0, 2, 8))], 1)
     with pytest.raises(ValueError, match="got a Tensor"):
         fit(model, opt, lambda t: torch.zeros(()), 1)
+    with pytest.raises(ValueError, match=r"got a Tensor of shape \(2, 8\)"):  # not x, y = rows
+        fit(model, opt, [corpus.batch(0, 2, 8)[0]], 1)
 
 
 def test_bad_arguments_are_refused():

@@ -165,7 +165,7 @@ def test_random_matrices_have_the_requested_condition_number(cond, generator):
 def test_singular_matrix_is_rejected():
     M = torch.eye(4, dtype=torch.float64).repeat(2, 1, 1)
     M[1, 3] = 0
-    with pytest.raises(ValueError, match=r"QKTransform.M\[1\] is singular"):
+    with pytest.raises(ValueError, match=r"QKTransform.M\[1\] is singular \(condition number inf"):
         QKTransform(M)
     with pytest.raises(ValueError, match="square"):
         VOTransform(torch.ones(2, 3, 4))
@@ -193,6 +193,25 @@ def test_incompatible_module_is_rejected(generator):
         random_element(torch.nn.Linear(3, 3))
     with pytest.raises(TypeError, match="acts on MultiHeadAttention"):
         GaugeElement([QKTransform(torch.eye(2)[None])]).act(torch.nn.Linear(2, 2))
+    of_a_gpt = random_element(GPT(GPTConfig(11, 6, 1, 2, 6)))
+    with pytest.raises(ValueError, match="targets 'blocks.0.attn', which MultiHeadAttention does "
+                       "not have: apply the element to the model it was built for"):
+        of_a_gpt.act(m)
+
+
+def test_elements_compose_with_single_factors_and_either_argument_order(generator):
+    m = make("mha-bias", torch.float64, generator)
+    x = inputs(m, generator)
+    qk = QKTransform(torch.stack([random_gl(4, 3.0, generator=generator) for _ in range(4)]))
+    vo = VOTransform(torch.stack([random_gl(4, 3.0, generator=generator) for _ in range(4)]))
+    both = GaugeElement([vo, qk])
+    assert max_param_difference(GaugeElement(qk).act(m), GaugeElement([qk]).act(m)) == 0
+    assert max_param_difference((qk @ GaugeElement(vo)).act(m), both.act(m)) == 0
+    assert max_param_difference((GaugeElement(qk) @ vo).act(m), both.act(m)) == 0
+    assert invariance_error(m, both, x) == invariance_error(both, m, x) < 1e-13  # DESIGN's f, g
+    with pytest.raises(TypeError, match="a GaugeElement and an nn.Module, then the inputs; got "
+                       "Tensor and MultiHeadAttention"):
+        invariance_error(x, m)
 
 
 def test_elements_act_on_attention_inside_larger_models(generator):

@@ -102,12 +102,13 @@ def test_one_sided_prelu_unit_adds_redundancy():
     assert redundancy(model, idx).dimension > predicted_redundancy(model)
 
 
-def test_training_mode_with_breaking_is_rejected():
-    gpt = GPT(config(symmetry_breaking="bq"))
-    with pytest.raises(ValueError, match="call .eval()"):
-        predicted_redundancy(gpt)
-    logits_terms = redundancy_terms(gpt.config, output="logits")
-    assert predicted_redundancy(gpt.eval()) == sum(logits_terms.values())
+def test_training_mode_with_breaking_counts_and_measures_the_eval_function():
+    model, idx = probe(config(symmetry_breaking="bq"), seed=0)
+    assert model.train().training  # the biases are redrawn at every call in this mode
+    logits_terms = redundancy_terms(model.gpt.config, output="log_probs")
+    assert predicted_redundancy(model) == sum(logits_terms.values())
+    assert redundancy(model, idx).dimension == predicted_redundancy(model)  # both the means
+    assert model.training
 
 
 @pytest.mark.parametrize("kw, message", [

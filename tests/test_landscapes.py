@@ -182,6 +182,9 @@ def test_ecd_path_validates():
     (dict(nu=-0.1), r"nu must be finite and >= 0"),
     (dict(F0=float("nan")), r"F0 must be a finite real number, got nan"),
     (dict(F0=-math.inf), r"F0 must be a finite real number"),
+    (dict(eta="0.5"), r"eta must be finite and > 0, got '0.5'"),  # float() would take it
+    (dict(nu=True), r"nu must be finite and >= 0, got True"),
+    (dict(F0="1"), r"F0 must be a finite real number, got '1'"),
 ])
 def test_ecd_path_validates_hyperparameters(bad, match):
     hp = dict(lr=0.1, eta=1.0, F0=-1.0, steps=3) | bad

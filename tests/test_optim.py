@@ -407,6 +407,10 @@ def test_clear_errors():
         return loss
     with pytest.raises(ValueError, match="gradient is exactly zero"):
         flat_loss.step(closure)
+    u = nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match=r"no parameter has a gradient; the closure must call "
+                       r"loss.backward\(\)"):  # was reported as an exactly zero gradient
+        ECD([u], lr=0.1, eta=1.0, F0=-1.0).step(lambda: (u ** 2).sum().detach() + 1)
 
 
 def test_make_optimizer_builds_the_baselines():

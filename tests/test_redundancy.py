@@ -77,6 +77,17 @@ def test_too_few_outputs_warn(generator):
         redundancy(m, probe(m, generator, batch=1, T=3))
 
 
+def test_too_few_outputs_for_the_expected_rank_warn_below_the_output_count(generator):
+    """A GPT's logits have rank below their count: without the theory's count the cap hides."""
+    from gaugebook.gpt import GPT, GPTConfig
+    gpt = GPT(GPTConfig(11, 8, 1, 2, 8)).double()
+    idx = torch.randint(0, 11, (1, 8), generator=generator)  # 88 outputs, 1,000+ parameters
+    with pytest.warns(UserWarning, match=r"88 outputs for a Jacobian of rank \d+ \(the theory "
+                      r"expects rank \d+\)"):
+        measured = redundancy(gpt, idx)
+    assert measured.rank < 88  # the old check (rank == outputs) stayed silent
+
+
 def test_unsupported_model_is_rejected():
     with pytest.raises(TypeError, match="no redundancy prediction for Linear"):
         predicted_redundancy(torch.nn.Linear(2, 2))

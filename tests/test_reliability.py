@@ -154,6 +154,11 @@ def test_gpt_refuses_bad_tokens_and_frozen_configs():
     idx = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match="every target is -100"):
         model(idx, torch.full_like(idx, -100))
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\) or be -100 \(ignored\), "
+                       r"got \[2, 10\]"):
+        model(idx, torch.tensor([[-100, 2, 10]]))  # cross_entropy: "Target 10 is out of bounds"
+    with pytest.raises(ValueError, match="targets must hold integer token ids"):
+        model(idx, idx.float())
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.n_head = 3
     with pytest.raises(ValueError, match="divisible"):

@@ -85,7 +85,7 @@ def test_equal_steps(grid):
 
 def test_breaking_effects_pair_runs_at_their_largest_shared_step(grid):
     effects = breaking_effects(load_runs(grid))
-    by_optimizer = {e["optimizer"]: e for e in effects}
+    by_optimizer = {e["arm"]: e for e in effects}
     assert set(by_optimizer) == {"ecd", "adamw"}  # sgdm has no symmetric partner
     assert by_optimizer["ecd"]["step"] == 200 and by_optimizer["adamw"]["step"] == 400
     assert by_optimizer["ecd"]["delta"] == pytest.approx(-0.3)
@@ -241,6 +241,12 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
                                cut)), "ecd-pt", "bq")
     with pytest.raises(ValueError, match="last 5"):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
+    with pytest.raises(ValueError, match="unknown history key 'loss'"):
+        final_statistic(runs[0], key="loss")
+    runs[0].history["path_length"] = [None] * 8  # recorded for some runs only
+    assert math.isnan(final_statistic(runs[0], key="path_length"))
+    assert [r.arm for r in select(runs, arm="ecd-pt", symmetry="bq")] == ["ecd-pt"] * 3
+    assert len(select(runs, optimizer="ecd", tag="global")) == 6
 
 
 def test_gaps_between_two_arms_are_paired_by_seed_with_a_t_interval(tmp_path):
