@@ -28,6 +28,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
   table wider than its cell's output area; nor does any displayed equation (the theme lets a
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
+* figures: every image of the page's own (a file under ``_images/``) is a link to itself, so
+  that a reader whose screen shrinks it can open it at full size (``gaugebook.js``);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``);
 * no cell output on stderr: a warning or a log message (e.g. matplotlib's ``findfont`` when
@@ -444,6 +446,11 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"display math scrolls sideways at 1280 px: {line!r}")
     else:
         result.failures.append("the width probe did not report")
+    images = re.findall(r'<img [^>]*src="[^"]*_images/', dom)
+    linked = re.findall(r'<a [^>]*class="gb-full-size"[^>]*><img [^>]*src="[^"]*_images/', dom)
+    if len(linked) < len(images):
+        result.failures.append(f"{len(images) - len(linked)} of {len(images)} figures are not "
+                               "links to their full-size image (did gaugebook.js run?)")
     rendered_views = sum(rendered.subareas)
     if static.widget_views and rendered_views < static.widget_views:
         result.failures.append(

@@ -177,8 +177,9 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                 try:
                     band = seed_band(chosen, key)
                 except ValueError:
-                    ax.text(0.5, 0.5, f"not recorded for {arm}", ha="center",
-                            transform=ax.transAxes)
+                    ax.set_axis_off()  # an empty frame would read as a zero curve
+                    ax.text(0.5, 0.5, f"not recorded\nfor {arm}", ha="center", va="center",
+                            color="0.4", transform=ax.transAxes)
                     break
                 ax.plot(band["step"], band["mean"], color=colour,
                         label=f"{symmetry} ({len(chosen)} seeds)")

@@ -283,13 +283,13 @@ class GPT(nn.Module):
             raise ValueError(f"token ids must lie in [0, {V}), got [{low}, {high}]")
         if targets is None:
             return
-        kept = targets[targets != -100]
-        if kept.numel() == 0:
+        counted = targets != -100
+        if not bool(counted.any()):
             raise ValueError("every target is -100 (ignored): the mean loss has no terms")
-        low, high = int(kept.min()), int(kept.max())
-        if low < 0 or high >= V:
+        if bool((counted & ((targets < 0) | (targets >= V))).any()):
+            kept = targets[counted]
             raise ValueError(f"targets must lie in [0, {V}) or be -100 (ignored), got "
-                             f"[{low}, {high}] among the others")
+                             f"[{int(kept.min())}, {int(kept.max())}] among the others")
 
     def _check_bias_draws(self, bias_draws) -> None:
         """ValueError unless ``bias_draws`` is ``(b_Q [n_layer, head_size], b_V)`` with ``b_V``

@@ -58,8 +58,8 @@ from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, La
                                  ResidualCentring)
 from gaugebook.lie import attention_terms, tangent_map
 
-__all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "LogProbabilities",
-           "redundancy_terms", "block_terms", "redundancy_count",
+__all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "MIN_COUNTED_WIDTH",
+           "LogProbabilities", "redundancy_terms", "block_terms", "redundancy_count",
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
 #: The kinds of redundant direction in a GPT, each with what it is.
@@ -87,6 +87,9 @@ OUTPUTS = ("log_probs", "logits")
 #: the one-head GPT's singular value 50 times above the tolerance (GPT-2's and PyTorch's
 #: ``1e-5``: 500 times).
 MIN_LAYER_NORM_EPS = 1e-6
+#: The narrowest residual stream :func:`block_terms` counts for (PReLU blocks need more, see
+#: there): narrower ones have redundant directions that no symmetry term counts.
+MIN_COUNTED_WIDTH = 4
 
 
 class LogProbabilities(nn.Module):
@@ -116,6 +119,12 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     bias absorbs a fixed shift (no change); without learned biases the means are one fixed draw
     (:func:`gaugebook.breaking.drawn_gauge`; the value mean counts when ``mu_v != 0``). The
     arguments obey :class:`~gaugebook.gpt.GPTConfig`'s rules, with ``d_model`` its ``n_embd``.
+
+    Narrow blocks have redundant directions that no term counts, so they are refused: widths
+    below ``MIN_COUNTED_WIDTH`` (measured: 22 more than counted for a GPT of width 2, 2 more at
+    width 3), and PReLU blocks whose ``4 D`` slopes outnumber the ``(D - 1) x D_out`` linear maps
+    through which the slopes act beyond the hidden rescaling (``D_out = D - 1`` inside a GPT,
+    ``D`` on its own): a PReLU GPT of width 4 had 7 more per layer, width 5 had 4 more.
     """
     check_block_options(n_embd=d_model, n_head=n_head, n_kv_head=n_kv_head, bias=bias,
                         activation=activation, rope=rope, symmetry_breaking=symmetry_breaking,
@@ -124,6 +133,11 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     d, G = D // H, H // Hkv
     D_in = D - 1  # LayerNorm outputs span an affine hyperplane: D - 1 directions vary
     D_out = D - 1 if in_gpt else D
+    if D < MIN_COUNTED_WIDTH or (activation == "prelu" and 4 * D > D_in * D_out):
+        least = MIN_COUNTED_WIDTH if activation != "prelu" else 6 if in_gpt else 5
+        raise ValueError(f"the count covers blocks of width d_model >= {least} ("
+                         f"{'inside a GPT' if in_gpt else 'on their own'}, {activation}); at "
+                         f"{D} the block has redundant directions that it does not count")
     breaks = symmetry_breaking is not None and not bias
     if breaks and (rope or d > D_in):
         raise ValueError("the count for symmetry-breaking biases without learned biases covers "

@@ -19,5 +19,9 @@ def use_book_style() -> None:
         "axes.spines.right": False,
         "axes.prop_cycle": mpl.cycler(color=PALETTE),
         "font.size": 11,
-        "legend.frameon": False,
+        # a borderless, nearly opaque box: lines and markers that pass behind a legend do not
+        # run through its text
+        "legend.frameon": True,
+        "legend.framealpha": 0.9,
+        "legend.edgecolor": "none",
     })

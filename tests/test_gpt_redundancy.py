@@ -124,6 +124,10 @@ def test_training_mode_with_breaking_counts_and_measures_the_eval_function():
     (dict(d_model=6.0), "d_model must be a positive integer"),
     (dict(bias=1), "bias must be True or False"),
     (dict(rope=True), "head size d_model/n_head=3 must be even"),
+    # narrow blocks: measured more redundant than every term (GELU width 2: 22 more)
+    (dict(d_model=3, n_head=1, n_kv_head=1), r"width d_model >= 4 \(inside a GPT, gelu\)"),
+    (dict(d_model=4, activation="prelu"), r"d_model >= 6 \(inside a GPT, prelu\); at 4"),
+    (dict(d_model=4, activation="prelu", in_gpt=False), r"d_model >= 5 \(on their own"),
 ])
 def test_block_terms_rejects_what_it_cannot_count(kw, message):
     shape = dict(d_model=6, n_head=2, n_kv_head=2, bias=True, activation="gelu")
@@ -137,6 +141,8 @@ def test_block_terms_accept_what_gpt_config_accepts():
     for kw in (dict(), dict(rope=True), dict(rope="gated"), dict(symmetry_breaking="bq"),
                dict(symmetry_breaking="bqv", mu_v=0.5)):
         assert sum(block_terms(**shape, **kw).values()) > 0
+    narrow = dict(d_model=5, n_head=1, n_kv_head=1, bias=True, activation="prelu")
+    assert block_terms(**narrow, in_gpt=False)["mlp_rescaling"] == 20  # 4 D <= (D - 1) D
 
 
 @pytest.mark.parametrize("eps", [1e-7, 1e-12])

@@ -225,3 +225,17 @@ if __name__ == "__main__":
     for name, row in rows.items():
         print(f"{name:34s}" + "".join(f"{row[k]:16d}" for k in keys))
     print(f"{'total':34s}" + "".join(f"{sum(r[k] for r in rows.values()):16d}" for k in keys))
+
+
+EXERCISE_TITLE = re.compile(r"^`{3,}\{exercise\}\s*(.*)$", re.M)
+EXERCISE_LABEL = re.compile(r"\((★(?:★|☆){2}), [^()]+\)$")
+
+
+def test_every_exercise_is_labelled_for_instructors():
+    """Each exercise's title ends with its difficulty and time, as the front page explains:
+    ``(★☆☆, 10 min)``, optionally followed by "CPU minutes" or "GPU"."""
+    titles = [m.group(1).strip() for p in NOTEBOOKS for text in markdown_texts(p)
+              for m in EXERCISE_TITLE.finditer(text)]
+    assert len(titles) >= 60
+    unlabelled = [t for t in titles if not EXERCISE_LABEL.search(t)]
+    assert unlabelled == []

@@ -11,7 +11,10 @@
   log "Got invalid theme mode: . Resetting to auto." (a console error) on every page. The pages
   start in ``auto`` (the reader's system setting), which the script would fall back to anyway.
 * Code that fits. ``static/gaugebook.css`` sets the size of code and outputs at which the book's
-  88-column lines fit the text column of a 1280 px window.
+  88-column lines fit the text column of a 1280 px window; on a phone, long inline math and
+  code scroll or wrap instead of being cut at the column's edge.
+* Figures at full size. ``static/gaugebook.js`` makes each figure a link to its image, which a
+  phone reader can open when the column shrinks it.
 """
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ def default_mode(app, pagename, templatename, context, doctree) -> None:
 
 
 def add_static(app, config) -> None:
-    """Serve ``static/`` (the book's style sheet) with the theme's static files."""
+    """Serve ``static/`` (the book's style sheet and script) with the theme's static files."""
     config.html_static_path.append(str(Path(__file__).parent / "static"))
 
 
@@ -67,6 +70,7 @@ def setup(app):
     app.connect("config-inited", launch_release)
     app.connect("config-inited", add_static)
     app.add_css_file("gaugebook.css")
+    app.add_js_file("gaugebook.js")
     app.connect("html-page-context", colab_edition, priority=510)  # after the theme's (501)
     app.connect("html-page-context", each_script_once, priority=900)
     app.connect("html-page-context", default_mode)
