@@ -10,8 +10,8 @@ __all__ = ["check_number", "check_finite", "check_positive_ints", "check_finite_
 
 
 def _real(value) -> float:
-    """``float(value)`` of a real number (a Python, NumPy or 0-d tensor scalar); NaN for a
-    string, a bool or anything else, which ``float`` would convert ("0.5", True)."""
+    """``float(value)`` of a real number (a Python, NumPy or 0-d tensor scalar); NaN for
+    anything else, strings and bools included (``float`` takes ``"0.5"`` and ``True``)."""
     if isinstance(value, (str, bytes, bool)):
         return math.nan
     try:

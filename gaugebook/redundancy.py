@@ -141,7 +141,8 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     except (TypeError, ValueError):  # no count for this module, or options the count refuses
         expected = 0
     if rank == n_out < n_params or n_out < expected:
-        why = f"the theory expects rank {expected}" if n_out < expected else "no more"
+        why = (f"the theory expects rank {expected}" if n_out < expected
+               else "the rank cannot exceed the outputs")
         warnings.warn(f"{n_out} outputs for a Jacobian of rank {rank} ({why}): use more or "
                       "longer inputs to probe the function fully", stacklevel=2)
     return Redundancy(n_params, rank, n_params - rank, s, tol, gap)
