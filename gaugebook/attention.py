@@ -67,12 +67,15 @@ class MultiHeadAttention(nn.Module):
         rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``;
             only with ``rope``.
         causal: mask future positions.
+        dtype, device: of the parameters, as for ``torch.nn`` layers.
+        generator: draws the initial parameters (on the CPU, then copied to ``device``).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, *, n_kv_heads: int | None = None,
                  d_value: int | None = None, bias: bool = False, rope: bool | str = False,
                  rope_base: float = 10000.0, rotary_dim: int | None = None, causal: bool = True,
-                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None):
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         d_value = d_head if d_value is None else d_value
@@ -98,7 +101,7 @@ class MultiHeadAttention(nn.Module):
                            if rope else 0)
 
         def weight(*shape):
-            return nn.Parameter(torch.empty(*shape, dtype=dtype))
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device))
 
         self.W_Q = weight(n_heads, d_model, d_head)
         self.W_K = weight(n_kv_heads, d_model, d_head)
@@ -114,9 +117,8 @@ class MultiHeadAttention(nn.Module):
             self.W_GQ = weight(n_heads, d_model, d_head)
             self.W_GK = weight(n_kv_heads, d_model, d_head)
         if rope:
-            self.register_buffer("rope_freqs", rope_frequencies(self.rotary_dim, rope_base,
-                                                                dtype=torch.float64),
-                                 persistent=False)
+            freqs = rope_frequencies(self.rotary_dim, rope_base, dtype=torch.float64)
+            self.register_buffer("rope_freqs", freqs.to(device), persistent=False)
         self.reset_parameters(generator)
 
     def _apply(self, fn, recurse=True):

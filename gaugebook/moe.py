@@ -104,6 +104,8 @@ class MoE(nn.Module):
         router_bias: add a learned router bias ``b_r [E]``.
         renormalize: gates renormalised over the k chosen experts (default) or the raw
             probabilities (Switch Transformer).
+        dtype, device: of the parameters, as for ``torch.nn`` layers.
+        generator: draws the initial parameters (on the CPU, then copied to ``device``).
 
     Parameters: ``W_r [D, E]`` (``b_r [E]``), ``W_in [E, D, d_hidden]``, ``b_in [E, d_hidden]``,
     ``W_out [E, d_hidden, D]``, ``b_out [E, D]``.
@@ -111,7 +113,8 @@ class MoE(nn.Module):
 
     def __init__(self, d_model: int, n_experts: int, d_hidden: int, k: int, *,
                  activation: str = "gelu", router_bias: bool = False, renormalize: bool = True,
-                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None):
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         for name, value in dict(d_model=d_model, n_experts=n_experts, d_hidden=d_hidden,
                                 k=k).items():
@@ -125,11 +128,13 @@ class MoE(nn.Module):
         for name, value in dict(router_bias=router_bias, renormalize=renormalize).items():
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
         self.d_model, self.n_experts, self.d_hidden, self.k = d_model, n_experts, d_hidden, k
         self.activation, self.renormalize = activation, renormalize
 
         def weight(*shape):
-            return nn.Parameter(torch.empty(*shape, dtype=dtype))
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device))
 
         self.W_r = weight(d_model, n_experts)
         self.b_r = weight(n_experts) if router_bias else None

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.moe import MoE
 from gaugebook.rope import rope_frequencies, rotate, rotation_matrix
 
 FLAVOURS = {
@@ -107,6 +108,17 @@ def test_rotate_refuses_more_frequencies_than_half_the_width():
 def test_bad_configuration_is_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MultiHeadAttention(**kwargs)
+
+
+def test_parameters_and_rope_frequencies_are_made_on_the_device():
+    """``device`` as for torch.nn layers (a meta device allocates nothing)."""
+    m = MultiHeadAttention(8, 2, 4, rope="gated", bias=True, device="meta")
+    assert {p.device.type for p in m.parameters()} == {"meta"}
+    assert m.rope_freqs.device.type == "meta" and m.rope_freqs.dtype == torch.float64
+    e = MoE(8, 4, 6, 2, router_bias=True, device="meta")
+    assert {p.device.type for p in e.parameters()} == {"meta"}
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
+        MoE(8, 4, 6, 2, dtype=torch.int64)
 
 
 def test_bad_input_shape_is_rejected():

@@ -190,3 +190,15 @@ def test_grid_benchmark_times_the_steps_replayed_as_cuda_graphs(tmp_path, bench_
     for s in json.loads(out.read_text())["step"]:
         assert s["ecd_replayed_step_s"] > 0 and s["adamw_replayed_step_s"] > 0
         assert s["ecd_over_adamw_replayed"] > 0
+
+
+def test_a_layer_made_on_cuda_equals_the_same_draws_moved_there():
+    from gaugebook.attention import MultiHeadAttention
+
+    made = MultiHeadAttention(16, 4, 4, rope=True, bias=True, device="cuda",
+                              generator=torch.Generator().manual_seed(0))
+    moved = MultiHeadAttention(16, 4, 4, rope=True, bias=True,
+                               generator=torch.Generator().manual_seed(0)).to("cuda")
+    x = torch.randn(2, 9, 16, device="cuda")
+    assert made.rope_freqs.is_cuda and made.rope_freqs.dtype == torch.float64
+    assert torch.equal(made(x), moved(x))
