@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gaugebook.checks import check_positive_ints
+from gaugebook.checks import check_float_dtype, check_positive_ints
 from gaugebook.rope import check_rotary_dim, rope_frequencies, rotate
 
 ROPE_MODES = (False, True, "gated")
@@ -84,8 +84,7 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         check_rope_mode(rope)
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        check_float_dtype(dtype)
         if not isinstance(causal, bool):
             raise ValueError(f"causal must be True or False, got {causal!r}")
         if rotary_dim is not None and not rope:

@@ -6,7 +6,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["check_number", "check_finite", "check_positive_ints", "check_finite_tensors"]
+__all__ = ["check_number", "check_finite", "check_positive_ints", "check_float_dtype",
+           "check_finite_tensors"]
 
 
 def _real(value) -> float:
@@ -36,6 +37,13 @@ def check_positive_ints(**sizes) -> None:
     for name, value in sizes.items():
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_float_dtype(dtype) -> None:
+    """ValueError unless ``dtype`` is ``None`` (the default dtype) or a floating-point dtype: the
+    dtype of a layer's parameters, which must carry gradients."""
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
 
 
 def check_finite(name: str, value) -> float:

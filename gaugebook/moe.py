@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gaugebook.checks import check_float_dtype, check_positive_ints
 from gaugebook.lie import GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor
 from gaugebook.linalg import check_permutation
 
@@ -116,10 +117,7 @@ class MoE(nn.Module):
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None,
                  generator: torch.Generator | None = None):
         super().__init__()
-        for name, value in dict(d_model=d_model, n_experts=n_experts, d_hidden=d_hidden,
-                                k=k).items():
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(d_model=d_model, n_experts=n_experts, d_hidden=d_hidden, k=k)
         if k > n_experts:
             raise ValueError(f"k={k} experts per token, but there are only n_experts={n_experts}")
         if activation not in EXPERT_ACTIVATIONS:
@@ -128,8 +126,7 @@ class MoE(nn.Module):
         for name, value in dict(router_bias=router_bias, renormalize=renormalize).items():
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        check_float_dtype(dtype)
         self.d_model, self.n_experts, self.d_hidden, self.k = d_model, n_experts, d_hidden, k
         self.activation, self.renormalize = activation, renormalize
 
