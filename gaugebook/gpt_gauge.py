@@ -328,6 +328,13 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
 
     w: torch.Tensor  # [D]
 
+    def check(self, model):
+        super().check(model)
+        w = self.w.double()
+        if model.wpe is None and (w - w.mean()).abs().max() > 1e-9 * max(w.abs().max(), 1.0):
+            raise ValueError("with RoPE (no wpe) EmbeddingShift is a symmetry only for w = c 1, "
+                             "a constant vector: pass torch.full((n_embd,), c)")
+
     def transform(self, params, model):
         w = self.w.to(params["wte.weight"])
         out = {"wte.weight": params["wte.weight"] + w}

@@ -268,3 +268,16 @@ def test_a_bad_layernorm_name_is_a_value_error(family):
             family.lie_basis(block, which=which)
         with pytest.raises(ValueError, match="which must be one of"):
             tangent_map(block, family, which=which)
+
+
+def test_embedding_shift_with_rope_needs_a_constant_w():
+    """Without ``wpe`` the shift reaches every block; only ``w = c 1`` vanishes in the
+    LayerNorms, so any other ``w`` is refused (it was applied, and changed the function)."""
+    model = gpt(torch.float64, n_embd=8, rope=True)
+    x = gpt_input(model)
+    before = log_probs(model, *x)
+    model = GaugeElement(EmbeddingShift(torch.full((8,), 0.7, dtype=torch.float64))).act(model)
+    assert torch.allclose(log_probs(model, *x), before, atol=1e-10)
+    with pytest.raises(ValueError, match="w = c 1"):
+        GaugeElement(EmbeddingShift(torch.arange(8.0))).act(model)
+    GaugeElement(EmbeddingShift(torch.arange(6.0))).act(gpt(torch.float64))  # learned: any w
