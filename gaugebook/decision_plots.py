@@ -149,9 +149,20 @@ def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
             "max": values.max(0)}
 
 
-ROW_LABELS = {"val_loss": "validation loss", "path_ratio": "nominal path\n/ |θ₀|",
-              "J_QK": "|J_QK|", "J_VO": "|J_VO|", "skipped_steps": "skipped steps"}
+ROW_LABELS = {"val_loss": "validation loss", "path_ratio": "nominal path\n" r"$/\ |\theta_0|$",
+              "J_QK": r"$|J_{QK}|$", "J_VO": r"$|J_{VO}|$", "skipped_steps": "skipped steps"}
 """How :func:`band_panels` labels its rows (any other history key: the key itself)."""
+
+
+def _zero_everywhere(runs: list[Run], key: str) -> bool:
+    """Whether every run that records ``key`` recorded only zeros (and at least one does)."""
+    recorded = []
+    for run in runs:
+        try:
+            recorded.append(_values(run, key)[1])
+        except ValueError:  # not recorded by this run
+            continue
+    return bool(recorded) and all(not np.any(v) for v in recorded)
 
 
 def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
@@ -159,13 +170,20 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
     """One row of panels per history key in ``keys`` (a key or a list; ``"path_ratio"`` for
     :func:`path_ratio`), one column per arm (``Run.arm``; ``arms`` picks and orders them), one
     seed band per symmetry: the mean as a line, min to max shaded. Keys in ``log`` get a log
-    axis; a panel whose runs do not record the key (a path for AdamW) says so. One legend for
-    the whole figure, below the grid (every panel uses the same colours). Returns the
-    figure."""
+    axis; a panel whose runs do not record the key (a path for AdamW) says so. A key that is
+    zero at every step of every run (no skipped steps) gets a line of text under the grid
+    instead of a row of flat lines. One legend for the whole figure, below the grid (every
+    panel uses the same colours). Returns the figure."""
     import matplotlib.pyplot as plt
 
     keys = [keys] if isinstance(keys, str) else list(keys)
     arms = list(arms) if arms is not None else sorted({r.arm for r in runs})
+    shown = [r for r in runs if r.arm in arms]
+    zero = [k for k in keys if _zero_everywhere(shown, k)]
+    if len(zero) < len(keys):  # a grid of nothing but zeros is drawn as it is
+        keys = [k for k in keys if k not in zero]
+    else:
+        zero = []
     fig, axes = plt.subplots(len(keys), len(arms), figsize=(2.6 * len(arms), 2.5 * len(keys)),
                              squeeze=False, sharex=True)
     for row, key in zip(axes, keys):
@@ -197,10 +215,15 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
     height = fig.get_figheight()
-    bottom = 0.45 / height if legend else 0  # tight_layout leaves the bottom 0.45 inch to it
+    note = 0.3 / height if zero else 0  # the bottom 0.3 inch: "skipped steps: 0 in every run"
+    bottom = note + (0.45 / height if legend else 0)  # then 0.45 inch for the legend
     if legend:
         fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend),
-                   bbox_to_anchor=(0.5, 0))
+                   bbox_to_anchor=(0.5, note))
+    if zero:
+        labels = ", ".join(ROW_LABELS.get(k, k).replace("\n", " ") for k in zero)
+        fig.text(0.5, 0.1 / height, f"{labels}: 0 at every step of every run", ha="center",
+                 color="0.3")
     if title:  # above the column titles: tight_layout leaves the top 0.35 inch to it
         fig.suptitle(title)
     fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / height if title else 1))

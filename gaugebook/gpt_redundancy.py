@@ -63,17 +63,19 @@ __all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "MIN_COUNTED_WID
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
 #: The kinds of redundant direction in a GPT, each with what it is.
-TERMS = {
-    "qk_gauge": "GL(d_k) per key/value group on W_Q, b_Q, W_K, b_K (with RoPE: the commutant)",
-    "key_bias": "b_K cancels in the softmax",
-    "vo_gauge": "GL(d_v) per key/value group on W_V, b_V, W_O",
-    "value_bias": "b_V W_O is a constant that b_O absorbs",
+TERMS = {  # what each term counts, TeX between dollars (gaugebook.results.Table sets it)
+    "qk_gauge": r"$\GL(d_k)$ per key/value group on $W_Q, b_Q, W_K, b_K$ (with RoPE: the "
+                "commutant)",
+    "key_bias": "$b_K$ cancels in the softmax",
+    "vo_gauge": r"$\GL(d_v)$ per key/value group on $W_V, b_V, W_O$",
+    "value_bias": "$b_V W_O$ is a constant that $b_O$ absorbs",
     "ln_gain": "LayerNorm gain (and bias) per feature against the rows of its readers",
     "ln_bias": "LayerNorm bias against the biases of its readers",
-    "ln_centring": "readers' weights along 1/gamma (LayerNorm output has mean zero)",
-    "residual_centring": "writes along 1 into the residual stream (W_O, b_O, MLP output)",
+    "ln_centring": r"readers' weights along $1/\gamma$ (LayerNorm output has mean zero)",
+    "residual_centring": r"writes along $\mathbf{1}$ into the residual stream ($W_O, b_O$, MLP "
+                         "output)",
     "mlp_rescaling": "PReLU hidden-unit rescaling (positive homogeneity)",
-    "position_centring": "position embeddings along 1",
+    "position_centring": r"position embeddings along $\mathbf{1}$",
     "embedding_shift": "one vector added to all token embeddings, removed from all positions",
 }
 OUTPUTS = ("log_probs", "logits")

@@ -55,8 +55,9 @@ def with_weights(module: torch.nn.Module, **weights) -> torch.nn.Module:
 
 
 def html_table(header, body, caption: str | None = None):
-    """A plain HTML table whose cells are HTML already (e.g. ``"d<sub>k</sub>"``): ``header``
-    is a list of column titles, ``body`` a list of rows; each cell is written as ``str(cell)``.
+    """A plain HTML table whose cells are HTML already (e.g. ``"<code>W_Q</code>"``) or TeX
+    between dollars (``"$d_k$"``, set as MathML): ``header`` is a list of column titles,
+    ``body`` a list of rows; each cell is written as ``str(cell)``.
     The one table renderer is :class:`gaugebook.results.Table` (pandas is not a dependency of
     the book); this marks every cell as raw HTML for it."""
     raw = Table.Raw

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_dif
                              t_interval)
 
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
-           "breaking_effects", "seed_summary", "provenance_summary", "Table", "effects_table",
+           "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
+           "Table", "effects_table",
            "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
            "PuzzleChange", "puzzle_changes",
@@ -561,11 +563,42 @@ def provenance_summary(runs: list[Run]) -> dict[str, list]:
     return {k: sorted(v, key=str) for k, v in fields.items()}
 
 
+_MATH = re.compile(r"\$([^$]+)\$")  # an inline TeX span, $...$
+# The book's TeX macros, as its pages define them for MathJax (_config.yml, mathjax3_config)
+TEX_MACROS = {"GL": r"\mathrm{GL}", "O": r"\mathrm{O}", "SO": r"\mathrm{SO}", "R": r"\mathbb{R}",
+              "tr": r"\operatorname{tr}", "rank": r"\operatorname{rank}",
+              "softmax": r"\operatorname{softmax}", "Attn": r"\operatorname{Attn}"}
+_MACRO = re.compile(r"\\(" + "|".join(TEX_MACROS) + r")(?![A-Za-z])")  # \SO is not \S then O
+
+
+def with_math(text: str, escape: bool = True) -> str:
+    """``text`` as HTML whose ``$...$`` spans are TeX set as MathML, which browsers draw
+    themselves (in the book, in Jupyter and in Colab alike), with the book's macros
+    (:data:`TEX_MACROS`, e.g. ``\\GL``); the rest is HTML-escaped unless
+    ``escape`` is false (``text`` is HTML already). Raises ``ValueError`` on a TeX command that
+    the converter does not know (it would print as ``\\name``)."""
+    parts = _MATH.split(text)  # text, tex, text, tex, ..., text
+    if len(parts) > 1:  # imported only here: the GPU machine's image lacks it
+        from latex2mathml.converter import convert as tex_to_mathml
+    for i in range(1, len(parts), 2):
+        tex = _MACRO.sub(lambda m: TEX_MACROS[m.group(1)], parts[i])
+        # the converter sets a one-letter \mathrm{O} in italics, as a variable; \text is upright
+        mathml = tex_to_mathml(re.sub(r"\\mathrm\{([A-Za-z])\}", r"\\text{\1}", tex))
+        unknown = re.search(r">(\\[A-Za-z]+)<", mathml)
+        if unknown:
+            raise ValueError(f"unknown TeX command {unknown.group(1)} in ${parts[i]}$")
+        parts[i] = mathml
+    if escape:
+        parts[::2] = [html.escape(p) for p in parts[::2]]
+    return "".join(parts)
+
+
 class Table:
     """A small HTML table (no pandas needed) that notebooks display as HTML.
 
     ``rows`` are lists of cells; floats are printed with ``float_format`` (``None`` as an en
-    dash); every cell is HTML-escaped unless it is an instance of :class:`Table.Raw`.
+    dash); every cell is HTML-escaped unless it is an instance of :class:`Table.Raw`. In every
+    cell and in the caption, ``$...$`` is TeX, set as MathML (:func:`with_math`).
     """
 
     class Raw(str):
@@ -581,12 +614,12 @@ class Table:
 
     def _cell(self, value) -> str:
         if isinstance(value, Table.Raw):
-            return str(value)
+            return with_math(value, escape=False)
         if value is None:
             return "&ndash;"
         if isinstance(value, float):
             return "n/a" if math.isnan(value) else html.escape(self.float_format.format(value))
-        return html.escape(str(value))
+        return with_math(str(value))
 
     def to_html(self) -> str:
         """The table as compact HTML (what a notebook displays)."""
@@ -595,7 +628,7 @@ class Table:
         head = "".join(f"<th {style}>{self._cell(h)}</th>" for h in self.header)
         body = "".join("<tr>" + "".join(f"<td {style}>{self._cell(c)}</td>" for c in row)
                        + "</tr>" for row in self.rows)
-        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        caption = f"<caption>{with_math(self.caption)}</caption>" if self.caption else ""
         return (f'<table style="border-collapse: collapse; font-size: 0.8rem">{caption}'
                 f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 

@@ -63,7 +63,8 @@ def test_decision_table_and_panels():
     assert ax.get_title() == "ecd-pt" and len(ax.lines) == 2
     assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
     assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
-    assert [a.get_ylabel() for a in fig.axes] == ["validation loss", "nominal path\n/ |θ₀|"]
+    assert [a.get_ylabel() for a in fig.axes] == ["validation loss",
+                                                  "nominal path\n" r"$/\ |\theta_0|$"]
 
 
 def test_band_panels_draw_one_legend_for_the_whole_figure():
@@ -71,7 +72,7 @@ def test_band_panels_draw_one_legend_for_the_whole_figure():
     runs = [run(s, seed, steps, [2.0 + off + 0.01 * seed] * 5, optimizer=optimizer, tag=tag)
             for optimizer, tag in (("ecd", "pt"), ("adamw", None)) for seed in (0, 1, 2)
             for s, off in (("symmetric", 0.0), ("bq", -0.2))]
-    fig = band_panels(runs, ["val_loss", "J_QK"], title="two arms")
+    fig = band_panels(runs, ["val_loss", "train_loss"], title="two arms")
     assert len(fig.axes) == 4 and all(ax.get_legend() is None for ax in fig.axes)
     (legend,) = fig.legends  # one, not one per panel
     assert [t.get_text() for t in legend.get_texts()] == ["symmetric (3 seeds)",
@@ -84,6 +85,21 @@ def test_band_panels_draw_one_legend_for_the_whole_figure():
     assert top <= min(ax.get_tightbbox().y0 for ax in fig.axes) + 1
     # a figure whose panels are all "not recorded" has no legend at all
     assert band_panels(runs[:1], "path_ratio").legends == []
+
+
+def test_band_panels_write_a_key_that_is_zero_everywhere_as_a_line_of_text():
+    """No run skipped a step: a note under the grid, not a row of flat lines at 0."""
+    steps = [10, 20, 30]
+    runs = [run(s, seed, steps, [2.0, 1.5, 1.2]) for seed in (0, 1) for s in ("symmetric", "bq")]
+    fig = band_panels(runs, ["val_loss", "J_QK", "skipped_steps"])
+    assert len(fig.axes) == 1
+    assert [t.get_text() for t in fig.texts] == [
+        "$|J_{QK}|$, skipped steps: 0 at every step of every run"]
+    fig.canvas.draw()  # the note sits under the legend
+    assert fig.texts[0].get_window_extent().y1 <= fig.legends[0].get_window_extent().y0 + 1
+    runs[0].history["skipped_steps"][-1] = 1  # one skipped step: the row is drawn
+    assert len(band_panels(runs, ["val_loss", "skipped_steps"]).axes) == 2
+    assert len(band_panels(runs, ["J_QK", "J_VO"]).axes) == 2  # all zero: drawn as they are
 
 
 def test_decision_table_prints_no_negative_zero():

@@ -1,13 +1,15 @@
 """Loading result folders, comparisons at equal steps, and the HTML tables."""
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from gaugebook.experiment import RunConfig, train
-from gaugebook.results import Run, Table, breaking_effects, common_steps, effects_table, \
-    find_results, load_runs, provenance_summary, seed_summary, select, values_at
+from gaugebook.results import TEX_MACROS, Run, Table, breaking_effects, common_steps, \
+    effects_table, find_results, load_runs, provenance_summary, seed_summary, select, values_at
 
 
 def record(optimizer, symmetry, steps, *, activation="prelu", seed=0, offset=0.0):
@@ -149,6 +151,31 @@ def test_table_html_escapes_and_formats():
     assert table._repr_html_() == text
     with pytest.raises(ValueError, match="columns"):
         Table(["a"], [[1, 2]])
+
+
+def test_table_sets_tex_between_dollars_as_mathml():
+    """``$...$`` in a cell, a raw cell or the caption becomes MathML; text around it is escaped
+    (raw cells excepted); an unknown command is refused instead of printed as ``\\name``."""
+    table = Table(["$n_{kv}(d_k^2 + d_v^2)$ & co"], [[Table.Raw("<b>$W_Q$</b>")]],
+                  caption="at $t < 2$")
+    text = table.to_html()
+    assert text.count("<math") == 3 and "$" not in text
+    assert "<msub><mi>n</mi><mrow><mi>k</mi><mi>v</mi></mrow></msub>" in text
+    assert "&amp; co" in text and "<b><math" in text  # the raw cell's HTML is kept
+    assert "<mo>&lt;</mo>" in text or "<mo>&#x0003C;</mo>" in text
+    assert Table(["a $ b"], [["5 $"]]).to_html().count("$") == 2  # a lone $ is text
+    with pytest.raises(ValueError, match=r"unknown TeX command \\Gl"):
+        Table([r"$\Gl(d_k)$"], [[1]]).to_html()
+    macros = Table([r"$\GL(d) \times \O(d) \ne \Omega$"], []).to_html()
+    assert ">G</mi><mi mathvariant=\"normal\">L<" in macros and "<mtext>O</mtext>" in macros
+    assert "&#x003A9;" in macros  # \Omega is not \O followed by mega
+
+
+def test_tex_macros_are_the_pages_macros():
+    """Tables and prose share one set of macros: the book's MathJax configuration."""
+    config = yaml.safe_load((Path(__file__).parents[1] / "_config.yml").read_text())
+    mathjax = config["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"]
+    assert TEX_MACROS == mathjax
 
 
 def test_effects_table_and_provenance(grid):
