@@ -332,7 +332,10 @@ def connections_diagram() -> Figure:
         _box(ax, x, y, text, color, w=3.3, h=1.2, size=9)
         _arrow(ax, (5.0 + 0.5 * (x - 5.0) / 3.1, 3.1 + 0.5 * (y - 3.1) / 2.3),
                (x - 0.55 * (x - 5.0) / 3.1 * 1.6, y - 0.6 * (y - 3.1) / 2.3), color)
-    _label(ax, 8.2, 2.0, "one gradient step\ndepends on the point\nof the orbit", GREY, 9)
+    # a note on the orbit itself: beside its box, joined to it by a dotted line
+    _label(ax, 6.6, 3.1, "one gradient step\ndepends on the point\nof the orbit", GREY, 9,
+           ha="left")
+    ax.plot([6.05, 6.5], [3.1, 3.1], ls=":", lw=1.3, color=GREY)
     return fig
 
 
