@@ -1,4 +1,4 @@
-"""Multi-head attention with per-head weights: MHA, GQA, MQA, RoPE and gated RoPE.
+r"""Multi-head attention with per-head weights: MHA, GQA, MQA, RoPE and gated RoPE.
 
 Weights use the per-head layout of TransformerLens, activations multiply from the right::
 
@@ -9,9 +9,9 @@ Weights use the per-head layout of TransformerLens, activations multiply from th
 
 With ``rope=True`` queries and keys are rotated (see :mod:`gaugebook.rope`). With
 ``rope="gated"`` the rotated queries and keys are also multiplied coordinate-wise by learned,
-input-dependent gates ``2 sigmoid(x W_G)``: the book's concrete instance of the source's
-gated RoPE ``q' = G_t R_t q``. Because a coordinate-wise gate does not commute with the
-rotation inside a plane, it shrinks the QK gauge group (chapter 5).
+input-dependent gates :math:`2 \operatorname{sigmoid}(x W_G)`: the book's concrete instance of
+the source's gated RoPE :math:`q' = G_t R_t q`. Because a coordinate-wise gate does not commute
+with the rotation inside a plane, it shrinks the QK gauge group (chapter 5).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def math_attention():
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal (or bidirectional) multi-head attention with grouped key/value heads.
+    r"""Causal (or bidirectional) multi-head attention with grouped key/value heads.
 
     The forward pass uses ``torch.nn.functional.scaled_dot_product_attention``. Its fused CPU
     kernel does not propagate a NaN score: a NaN or infinity in ``W_Q`` or ``W_K`` can leave the
@@ -57,13 +57,13 @@ class MultiHeadAttention(nn.Module):
     Args:
         d_model: width of the residual stream.
         n_heads: number of query heads.
-        d_head: width of a query/key head (``d_k``).
+        d_head: width of a query/key head (:math:`d_k`).
         n_kv_heads: number of key/value heads; ``n_heads`` (default) is MHA, ``1`` is MQA.
-        d_value: width of a value head (``d_v``); defaults to ``d_head``.
+        d_value: width of a value head (:math:`d_v`); defaults to ``d_head``.
         bias: add learned biases ``b_Q, b_K, b_V, b_O``.
         rope: ``False``, ``True`` or ``"gated"``.
         rope_base: RoPE base (10000 as in Su et al. 2021), finite and greater than 1 so that the
-            frequencies ``theta_i`` in ``(0, 1]`` are distinct (the gauge counts assume it).
+            frequencies :math:`\theta_i \in (0, 1]` are distinct (the gauge counts assume it).
         rotary_dim: number of rotated coordinates per head (partial rotary); defaults to ``d_head``;
             only with ``rope``.
         causal: mask future positions.
@@ -121,8 +121,9 @@ class MultiHeadAttention(nn.Module):
         self.reset_parameters(generator)
 
     def _apply(self, fn, recurse=True):
-        """Casts and moves (``.to``, ``.half()``, ...) move ``rope_freqs`` but keep its dtype
-        (float64): in bfloat16 the angles ``t * theta_i`` would be wrong already at ``t = 257``."""
+        r"""Casts and moves (``.to``, ``.half()``, ...) move ``rope_freqs`` but keep its dtype
+        (float64): in bfloat16 the angles :math:`t \theta_i` would be wrong already at
+        :math:`t = 257`."""
         freqs = self.rope_freqs if self.rope else None
         super()._apply(fn, recurse)
         if freqs is not None:
@@ -136,7 +137,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def group_size(self) -> int:
-        """Query heads per key/value head, ``G = n_heads / n_kv_heads``."""
+        """Query heads per key/value head, :math:`G` = ``n_heads // n_kv_heads``."""
         return self.n_heads // self.n_kv_heads
 
     def kv_group(self, head: int | torch.Tensor):
@@ -145,10 +146,11 @@ class MultiHeadAttention(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Gaussian weights with variance 1/fan_in; biases uniform in +-1/sqrt(fan_in), so every
-        parameter is generic (no accidental zeros). ``fan_in = n_heads d_value`` for ``W_O`` and
-        ``d_model`` for every other parameter, ``b_O`` included (``nn.Linear`` would use
-        ``n_heads d_value`` there)."""
+        r"""Gaussian weights with variance :math:`1/\mathrm{fan}_\text{in}`; biases uniform in
+        :math:`\pm 1/\sqrt{\mathrm{fan}_\text{in}}`, so every parameter is generic (no accidental
+        zeros). :math:`\mathrm{fan}_\text{in} = n_\text{heads} d_\text{value}` for ``W_O`` and
+        :math:`d_\text{model}` for every other parameter, ``b_O`` included (``nn.Linear`` would
+        use :math:`n_\text{heads} d_\text{value}` there)."""
         for name, param in self.named_parameters():
             fan_in = self.d_model if name != "W_O" else self.n_heads * self.d_value
             if name.startswith("W_"):

@@ -1,27 +1,31 @@
 r"""The gauge group of multi-head attention, as objects that act on modules.
 
 A :class:`GaugeElement` is a product of primitive factors; ``element.act(module)`` returns a
-transformed deep copy and leaves ``module`` untouched. With ``g(h)`` the key/value head of query
-head ``h`` (``g(h) = h`` in MHA), the primitives are
+transformed deep copy and leaves ``module`` untouched. With :math:`g(h)` the key/value head of
+query head :math:`h` (:math:`g(h) = h` in MHA) and :math:`W_Q^{(h)}` the slice ``W_Q[h]``, the
+primitives are
 
 * :class:`QKTransform` ``M [n_kv, d_head, d_head]``:
-  ``W_Q[h] -> W_Q[h] M_{g(h)}``, ``b_Q[h] -> b_Q[h] M_{g(h)}``,
-  ``W_K[g] -> W_K[g] M_g^{-T}``, ``b_K[g] -> b_K[g] M_g^{-T}``, so that
-  ``q k^T -> q M M^{-1} k^T = q k^T``. (The source's ``W_K -> W_K M`` is *not* a symmetry.)
+  :math:`W_Q^{(h)} \to W_Q^{(h)} M_{g(h)}`, :math:`b_Q^{(h)} \to b_Q^{(h)} M_{g(h)}`,
+  :math:`W_K^{(g)} \to W_K^{(g)} M_g^{-\top}`, :math:`b_K^{(g)} \to b_K^{(g)} M_g^{-\top}`, so
+  that :math:`q k^\top \to q M M^{-1} k^\top = q k^\top`. (The source's :math:`W_K \to W_K M` is
+  *not* a symmetry.)
 * :class:`VOTransform` ``N [n_kv, d_value, d_value]``:
-  ``W_V[g] -> W_V[g] N_g``, ``b_V[g] -> b_V[g] N_g``, ``W_O[h] -> N_{g(h)}^{-1} W_O[h]``.
+  :math:`W_V^{(g)} \to W_V^{(g)} N_g`, :math:`b_V^{(g)} \to b_V^{(g)} N_g`,
+  :math:`W_O^{(h)} \to N_{g(h)}^{-1} W_O^{(h)}`.
 * :class:`HeadPermutation` ``perm [n_heads]``: head ``i`` of the result is head ``perm[i]`` of the
   input. Under GQA it must carry whole key/value groups to whole groups (the wreath product
   :math:`S_G \wr S_{n_{kv}}`); the key/value heads follow.
-* :class:`KeyBiasShift` ``t [n_kv, d_head]``: ``b_K -> b_K + t``. Without RoPE, ``q_t (b_K + t)^T``
-  is the same for every key position and cancels in the softmax.
-* :class:`ValueBiasShift` ``t [n_kv, d_value]``: ``b_V -> b_V + t``,
-  ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``; attention rows sum to one, so a value bias is a
-  constant output shift.
+* :class:`KeyBiasShift` ``t [n_kv, d_head]``: :math:`b_K \to b_K + t`. Without RoPE,
+  :math:`q_t (b_K + t)^\top` is the same for every key position and cancels in the softmax.
+* :class:`ValueBiasShift` ``t [n_kv, d_value]``: :math:`b_V \to b_V + t`,
+  :math:`b_O \to b_O - \sum_h t_{g(h)} W_O^{(h)}`; attention rows sum to one, so a value bias is
+  a constant output shift.
 
-With RoPE the QK matrices must commute with every rotation ``R_t``: per rotation plane a
-complex scalar ``a I + b J`` (``a I`` alone for gated RoPE), and on the unrotated coordinates
-any invertible block (a diagonal one for gated RoPE, whose gates act coordinate by coordinate).
+With RoPE the QK matrices must commute with every rotation :math:`R_t`: per rotation plane a
+complex scalar :math:`a I + b J` (:math:`a I` alone for gated RoPE), and on the unrotated
+coordinates any invertible block (a diagonal one for gated RoPE, whose gates act coordinate by
+coordinate).
 
 Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``. Each primitive is a
 factor of :mod:`gaugebook.lie` (its action, inverse, and for the continuous ones its Lie algebra
@@ -76,13 +80,14 @@ def _per_group(X: torch.Tensor, m: MultiHeadAttention) -> torch.Tensor:
 
 
 def qk_algebra(m: MultiHeadAttention) -> torch.Tensor:
-    """A basis ``[k, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``:
+    r"""A basis ``[k, d_head, d_head]`` of the QK Lie algebra of one key/value group of ``m``:
     the commutant of its rotations (:func:`gaugebook.lie.rope_commutant_basis`).
 
-    Without RoPE all of ``gl(d_head)``. With RoPE, per rotation plane ``(i, i + r/2)`` the scaling
-    ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for gated RoPE, whose coordinate-wise
-    gates forbid rotations), and on the ``u = d_head - r`` unrotated coordinates all of ``gl(u)``
-    (its diagonal for gated RoPE)."""
+    Without RoPE all of :math:`\mathfrak{gl}(d_\text{head})`. With RoPE, per rotation plane
+    :math:`(i, i + r/2)` (:math:`r` = ``m.rotary_dim``) the scaling :math:`S_i` and the rotation
+    generator :math:`J_i` (only :math:`S_i` for gated RoPE, whose coordinate-wise gates forbid
+    rotations), and on the :math:`u = d_\text{head} - r` unrotated coordinates all of
+    :math:`\mathfrak{gl}(u)` (its diagonal for gated RoPE)."""
     return rope_commutant_basis(m.d_head, m.rotary_dim, m.rope == "gated")
 
 
@@ -97,12 +102,13 @@ def _grouped_basis(per_group: torch.Tensor, n_groups: int) -> torch.Tensor:
 
 
 class _FactorPair(MatrixFactor):
-    """The action shared by the QK and VO sectors: one matrix ``M [n_kv, w, w]`` per key/value
+    r"""The action shared by the QK and VO sectors: one matrix ``M [n_kv, w, w]`` per key/value
     group (``w`` the module's size named ``width``) acting on the sector's factor pair,
-    ``X -> X M``, ``Y -> Y M^{-T}``, which leaves ``X Y^T`` unchanged. ``sides`` says which
-    parameters are rows of ``X`` or ``Y`` and whether they are indexed by query head (then the
-    group's matrix repeats over its ``G`` heads) or by key/value group; ``W_O`` enters as
-    ``Y = W_O^T``. The Lie algebra is :meth:`algebra` in every group."""
+    :math:`X \to X M`, :math:`Y \to Y M^{-\top}`, which leaves :math:`X Y^\top` unchanged.
+    ``sides`` says which parameters are rows of :math:`X` or :math:`Y` and whether they are
+    indexed by query head (then the group's matrix repeats over its :math:`G` heads) or by
+    key/value group; ``W_O`` enters as :math:`Y = W_O^\top`. The Lie algebra is :meth:`algebra`
+    in every group."""
 
     acts_on: ClassVar = MultiHeadAttention
     width: ClassVar[str]
@@ -141,8 +147,8 @@ class _FactorPair(MatrixFactor):
 
 @dataclass(frozen=True, eq=False)
 class QKTransform(_FactorPair):
-    """``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` per key/value group (biases alike): the pair
-    ``X = [W_Q; b_Q]`` (the group's query heads), ``Y = [W_K; b_K]``."""
+    r""":math:`W_Q \to W_Q M`, :math:`W_K \to W_K M^{-\top}` per key/value group (biases alike):
+    the pair :math:`X = [W_Q; b_Q]` (the group's query heads), :math:`Y = [W_K; b_K]`."""
 
     M: torch.Tensor  # [n_kv, d_head, d_head]
     width: ClassVar = "d_head"
@@ -156,8 +162,8 @@ class QKTransform(_FactorPair):
 
 @dataclass(frozen=True, eq=False)
 class VOTransform(_FactorPair):
-    """``W_V -> W_V N``, ``b_V -> b_V N``, ``W_O -> N^{-1} W_O`` per key/value group: the pair
-    ``X = [W_V; b_V]``, ``Y = W_O^T`` (the group's output matrices)."""
+    r""":math:`W_V \to W_V N`, :math:`b_V \to b_V N`, :math:`W_O \to N^{-1} W_O` per key/value
+    group: the pair :math:`X = [W_V; b_V]`, :math:`Y = W_O^\top` (the group's output matrices)."""
 
     N: torch.Tensor  # [n_kv, d_value, d_value]
     width: ClassVar = "d_value"
@@ -231,8 +237,9 @@ class _GroupShift(TranslationFactor):
 
 @dataclass(frozen=True, eq=False)
 class KeyBiasShift(_GroupShift):
-    """``b_K -> b_K + t``: ``q_t . t`` is the same for every key position and cancels in the
-    softmax, so a symmetry on the coordinates that RoPE does not rotate (all without RoPE)."""
+    r""":math:`b_K \to b_K + t`: :math:`q_t \cdot t` is the same for every key position and
+    cancels in the softmax, so a symmetry on the coordinates that RoPE does not rotate (all
+    without RoPE)."""
 
     t: torch.Tensor  # [n_kv, d_head]
     width: ClassVar = "d_head"
@@ -251,8 +258,8 @@ class KeyBiasShift(_GroupShift):
 
 @dataclass(frozen=True, eq=False)
 class ValueBiasShift(_GroupShift):
-    """``b_V -> b_V + t``, ``b_O -> b_O - sum_h t_{g(h)} W_O[h]``: attention rows sum to one, so
-    a value bias is a constant output shift that ``b_O`` takes back."""
+    r""":math:`b_V \to b_V + t`, :math:`b_O \to b_O - \sum_h t_{g(h)} W_O^{(h)}`: attention rows
+    sum to one, so a value bias is a constant output shift that :math:`b_O` takes back."""
 
     t: torch.Tensor  # [n_kv, d_value]
     width: ClassVar = "d_value"
@@ -268,12 +275,12 @@ class ValueBiasShift(_GroupShift):
 
 
 def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
-    """The layer's weights as one factor pair per key/value group, float64: ``Q [n_kv, G (D + b),
+    r"""The layer's weights as one factor pair per key/value group, float64: ``Q [n_kv, G (D + b),
     d_head]`` (the group's query heads stacked, learned ``b_Q`` as an extra input row),
     ``K [n_kv, D + b, d_head]``, ``V [n_kv, D + b, d_value]`` (biases as a last row) and
     ``O [n_kv, d_value, G D]`` (the group's output matrices side by side). The QK and VO
-    transforms act on them as ``(Q, K) -> (Q M, K M^{-T})`` and
-    ``(V, O^T) -> (V N, O^T N^{-T})``."""
+    transforms act on them as :math:`(Q, K) \to (Q M, K M^{-\top})` and
+    :math:`(V, O^\top) \to (V N, O^\top N^{-\top})`."""
     def augmented(s):
         W = getattr(m, f"W_{s}").detach().to(DTYPE)
         return torch.cat([W, getattr(m, f"b_{s}").detach().to(DTYPE)[:, None]], 1) \
@@ -297,14 +304,16 @@ def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]
 
 def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
-    """A random ``M [d_head, d_head]`` that commutes with every RoPE rotation ``R_t``: a
+    r"""A random ``M [d_head, d_head]`` that commutes with every RoPE rotation :math:`R_t`: a
     combination of the basis of :func:`gaugebook.lie.rope_commutant_basis`.
 
-    On plane ``(i, i + r/2)`` it is ``rho (cos phi S_i + sin phi J_i)`` (a complex scalar;
-    ``phi = 0`` and ``rho`` of either sign for gated RoPE, whose coordinate-wise gates forbid the
-    rotation); on the ``d_head - r`` unrotated coordinates any invertible block (a diagonal one
+    On plane :math:`(i, i + r/2)` (:math:`r` = ``rotary_dim``) it is
+    :math:`\rho\, (\cos\phi\, S_i + \sin\phi\, J_i)` (a complex scalar; :math:`\phi = 0` and
+    :math:`\rho` of either sign for gated RoPE, whose coordinate-wise gates forbid the rotation);
+    on the :math:`d_\text{head} - r` unrotated coordinates any invertible block (a diagonal one
     for gated RoPE). Condition number ``cond``, except for a single plane and no unrotated
-    coordinate (``d_head = r = 2``), where every element is a scaled rotation (condition 1).
+    coordinate (:math:`d_\text{head} = r = 2`), where every element is a scaled rotation
+    (condition 1).
     """
     half, rest = check_rotary_dim(d_head, rotary_dim) // 2, d_head - rotary_dim
     scales = spread(half + rest, cond, generator=generator)
@@ -377,9 +386,9 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
 
 @torch.no_grad()
 def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float:
-    """``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` over all outputs, for the
-    module ``f`` and the element ``g``, given in either order (``invariance_error(f, g, x)``
-    works too).
+    r""":math:`\max |f(g \cdot \theta, x) - f(\theta, x)| / \max |f(\theta, x)|` over all
+    outputs, for the module :math:`f` and the element :math:`g`, given in either order
+    (``invariance_error(f, g, x)`` works too).
 
     Both forward passes start from the same random state (restored afterwards), so a stochastic
     model (dropout, symmetry-breaking biases in training mode) draws the same noise in both.

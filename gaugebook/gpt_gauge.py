@@ -1,31 +1,33 @@
 r"""The symmetries of a GPT beyond its attention layers, as factors of :mod:`gaugebook.lie`.
 
-Every read from the residual stream goes through a LayerNorm ``y = gamma * n + beta`` whose
-normalised ``n`` has mean zero and fixed length; its *readers* are the weights that multiply
-``y``: ``W_Q, W_K, W_V`` (and the gates of gated RoPE) after ``ln_1``, the MLP's input layer
-after ``ln_2``. Per block (target: the ``Block`` of :mod:`gaugebook.gpt`):
+Every read from the residual stream goes through a LayerNorm :math:`y = \gamma \odot n + \beta`
+whose normalised :math:`n` has mean zero and fixed length; its *readers* are the weights that
+multiply :math:`y`: :math:`W_Q, W_K, W_V` (and the gates of gated RoPE) after ``ln_1``, the MLP's
+input layer after ``ln_2``. Per block (target: the ``Block`` of :mod:`gaugebook.gpt`):
 
-* :class:`LayerNormScale` ``s [D]``: ``gamma_i, beta_i -> s_i gamma_i, s_i beta_i`` and row
-  ``i`` of every reader over ``s_i``.
-* :class:`LayerNormShift` ``delta [D]``: ``beta -> beta + delta``, every reader's bias
-  ``b -> b - delta W``.
-* :class:`ReaderCentring` ``u``: column ``j`` of every reader plus ``u_j / gamma`` (its bias
-  minus ``(beta . 1/gamma) u_j``): since ``n . 1 = 0``, ``y . (1/gamma) = beta . (1/gamma)`` is a
-  constant.
-* :class:`ResidualCentring` ``c``: what the block writes along ``1`` (rows of ``W_O``, columns
-  of the MLP's output weight, the output biases) is removed by every later LayerNorm, so it is
-  invisible inside a GPT (not for the block on its own).
+* :class:`LayerNormScale` ``s [D]``: :math:`\gamma_i, \beta_i \to s_i \gamma_i, s_i \beta_i` and
+  row :math:`i` of every reader over :math:`s_i`.
+* :class:`LayerNormShift` ``delta [D]``: :math:`\beta \to \beta + \delta`, every reader's bias
+  :math:`b \to b - \delta W`.
+* :class:`ReaderCentring` ``u``: column :math:`j` of every reader plus :math:`u_j / \gamma` (its
+  bias minus :math:`(\beta \cdot 1/\gamma)\, u_j`): since :math:`n \cdot \mathbf{1} = 0`,
+  :math:`y \cdot (1/\gamma) = \beta \cdot (1/\gamma)` is a constant.
+* :class:`ResidualCentring` ``c``: what the block writes along :math:`\mathbf{1}` (rows of
+  :math:`W_O`, columns of the MLP's output weight, the output biases) is removed by every later
+  LayerNorm, so it is invisible inside a GPT (not for the block on its own).
 
 Per MLP (target: ``MLP``): :class:`HiddenRescaling` (PReLU is positively
 homogeneous) and :class:`HiddenPermutation`. Per model (target: the :class:`~gaugebook.gpt.GPT`):
-:class:`ResidualPermutation` of the residual features, :class:`PositionCentring`
-``wpe[t] -> wpe[t] + c_t 1`` and :class:`EmbeddingShift` ``wte -> wte + 1 w^T``,
-``wpe -> wpe - 1 w^T`` (the logits all move by ``w . h``, which log-softmax removes).
+:class:`ResidualPermutation` of the residual features, and on the token and position
+embeddings :math:`W_E` (``wte``) and :math:`W_\text{pos}` (``wpe``) :class:`PositionCentring`
+:math:`W_\text{pos}[t] \to W_\text{pos}[t] + c_t \mathbf{1}` and :class:`EmbeddingShift`
+:math:`W_E \to W_E + \mathbf{1} w^\top`, :math:`W_\text{pos} \to W_\text{pos} - \mathbf{1} w^\top`
+(the logits all move by :math:`w \cdot h`, which log-softmax removes).
 :mod:`gaugebook.gpt_redundancy` counts and differentiates them.
 
-One more factor of a GPT is a symmetry only when every LayerNorm has ``eps = 0``
+One more factor of a GPT is a symmetry only when every LayerNorm has :math:`\epsilon = 0`
 (:attr:`gaugebook.gpt.GPTConfig.layer_norm_eps`), a *near-symmetry* otherwise, and is not
-counted: :class:`StreamScaling`, everything that writes to the residual stream times ``s``.
+counted: :class:`StreamScaling`, everything that writes to the residual stream times :math:`s`.
 """
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ def _reader_columns(block: Block, readers) -> list[int]:
 
 
 def _centring_readers(block: Block, which: str):
-    """The readers whose columns can move along ``1/gamma``: all of them when the LayerNorm has
-    no bias (``y . 1/gamma = 0``); with a bias only those with a bias to absorb the constant."""
+    r"""The readers whose columns can move along :math:`1/\gamma`: all of them when the LayerNorm
+    has no bias (:math:`y \cdot 1/\gamma = 0`); with a bias only those with a bias to absorb the
+    constant."""
     readers = _readers(block, which)  # validates which
     has_beta = getattr(block, which).bias is not None
     return [r for r in readers if r[1] is not None or not has_beta]
@@ -76,8 +79,8 @@ def _centring_readers(block: Block, which: str):
 
 @dataclass(frozen=True, eq=False)
 class LayerNormScale(ScalingFactor):
-    """``gamma, beta -> s gamma, s beta`` (per feature) and row ``i`` of every reader over
-    ``s_i``; ``s`` has no zero entry."""
+    r""":math:`\gamma, \beta \to s \odot \gamma, s \odot \beta` (per feature) and row :math:`i` of
+    every reader over :math:`s_i`; :math:`s` has no zero entry."""
 
     s: torch.Tensor  # [D]
     which: str = "ln_1"
@@ -101,7 +104,7 @@ class LayerNormScale(ScalingFactor):
 
 @dataclass(frozen=True, eq=False)
 class LayerNormShift(TranslationFactor):
-    """``beta -> beta + delta``, every reader's bias ``b -> b - delta W``."""
+    r""":math:`\beta \to \beta + \delta`, every reader's bias :math:`b \to b - \delta W`."""
 
     delta: torch.Tensor  # [D]
     which: str = "ln_1"
@@ -140,10 +143,10 @@ class LayerNormShift(TranslationFactor):
 
 @dataclass(frozen=True, eq=False)
 class ReaderCentring(TranslationFactor):
-    """Column ``j`` of the readers of ``which`` plus ``u_j / gamma``, its bias minus
-    ``(beta . 1/gamma) u_j``; ``u`` runs over the columns of every reader that can take it
-    (all of them without a LayerNorm bias, else those with a bias), in order, each flattened
-    row-major (``[n, c]`` for per-head weights)."""
+    r"""Column :math:`j` of the readers of ``which`` plus :math:`u_j / \gamma`, its bias minus
+    :math:`(\beta \cdot 1/\gamma)\, u_j`; :math:`u` runs over the columns of every reader that
+    can take it (all of them without a LayerNorm bias, else those with a bias), in order, each
+    flattened row-major (``[n, c]`` for per-head weights)."""
 
     u: torch.Tensor  # [columns]
     which: str = "ln_1"
@@ -191,10 +194,11 @@ def _writer_sizes(block: Block) -> list[int]:
 
 @dataclass(frozen=True, eq=False)
 class ResidualCentring(TranslationFactor):
-    """Everything the block writes moves along ``1``: ``W_O[h][e] -> W_O[h][e] + c 1``, column
-    ``j`` of the MLP's output weight plus ``c' 1``, each output bias plus a multiple of ``1``;
-    ``c`` in the order of the writers, each flattened row-major. Invisible inside a GPT, where
-    every reader of the residual stream is a LayerNorm."""
+    r"""Everything the block writes moves along :math:`\mathbf{1}`: row :math:`e` of
+    :math:`W_O^{(h)}` plus :math:`c\, \mathbf{1}`, column :math:`j` of the MLP's output weight plus
+    :math:`c' \mathbf{1}`, each output bias plus a multiple of :math:`\mathbf{1}`; ``c`` in the
+    order of the writers, each flattened row-major. Invisible inside a GPT, where every reader of
+    the residual stream is a LayerNorm."""
 
     c: torch.Tensor  # [H dv + 4D + 2b]
     acts_on: ClassVar = Block
@@ -217,8 +221,9 @@ class ResidualCentring(TranslationFactor):
 
 @dataclass(frozen=True, eq=False)
 class HiddenRescaling(ScalingFactor):
-    """Hidden unit ``j`` of a PReLU MLP: input weights and bias times ``s_j > 0``, output
-    weights over ``s_j`` (``prelu(s z) = s prelu(z)`` for ``s > 0``)."""
+    r"""Hidden unit :math:`j` of a PReLU MLP: input weights and bias times :math:`s_j > 0`, output
+    weights over :math:`s_j` (:math:`\operatorname{PReLU}(sz) = s \operatorname{PReLU}(z)` for
+    :math:`s > 0`)."""
 
     s: torch.Tensor  # [4D]
     acts_on: ClassVar = MLP
@@ -305,8 +310,8 @@ class ResidualPermutation(_PerResidualFeature, PermutationFactor):
 
 @dataclass(frozen=True, eq=False)
 class PositionCentring(TranslationFactor):
-    """``wpe[t] -> wpe[t] + c_t 1``: the first LayerNorm of every block removes it, and so
-    does every later one (learned positions only)."""
+    r""":math:`W_\text{pos}[t] \to W_\text{pos}[t] + c_t \mathbf{1}` (``wpe``): the first LayerNorm
+    of every block removes it, and so does every later one (learned positions only)."""
 
     c: torch.Tensor  # [block_size]
     acts_on: ClassVar = GPT
@@ -322,9 +327,11 @@ class PositionCentring(TranslationFactor):
 
 @dataclass(frozen=True, eq=False)
 class EmbeddingShift(_PerResidualFeature, TranslationFactor):
-    """``wte -> wte + 1 w^T``, ``wpe -> wpe - 1 w^T``: the residual stream is unchanged, and the
-    tied unembedding adds ``w . h`` to every logit alike, which log-softmax removes. With RoPE
-    (no ``wpe``) only ``w`` along ``1`` is invisible at the input (the LayerNorms remove it)."""
+    r""":math:`W_E \to W_E + \mathbf{1} w^\top` (``wte``),
+    :math:`W_\text{pos} \to W_\text{pos} - \mathbf{1} w^\top` (``wpe``): the residual stream is
+    unchanged, and the tied unembedding adds :math:`w \cdot h` to every logit alike, which
+    log-softmax removes. With RoPE (no ``wpe``) only :math:`w` along :math:`\mathbf{1}` is
+    invisible at the input (the LayerNorms remove it)."""
 
     w: torch.Tensor  # [D]
 
@@ -344,8 +351,8 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
 
     @classmethod
     def lie_basis(cls, model):
-        """``gl``'s translations of the log-probabilities: every ``w`` (learned positions), or
-        ``w = 1`` (RoPE)."""
+        r"""The algebra's translations of the log-probabilities: every :math:`w` (learned
+        positions), or :math:`w = \mathbf{1}` (RoPE)."""
         D = model.config.n_embd
         return torch.ones(1, D, dtype=DTYPE) if model.wpe is None else unit_basis((D,))
 
@@ -360,17 +367,20 @@ def _stream_writers(model: GPT) -> list[str]:
 
 @dataclass(frozen=True, eq=False)
 class StreamScaling(ScalingFactor):
-    r"""The residual-stream scaling, ``s > 0`` (shape ``[1]``): every writer to the stream
+    r"""The residual-stream scaling, :math:`s > 0` (shape ``[1]``): every writer to the stream
     (``wte``, ``wpe``, and in every block ``W_O``, ``b_O``, the MLP's ``c_proj`` weight and bias)
-    times ``s``, ``ln_f``'s gain and bias over ``s``.
+    times :math:`s`, ``ln_f``'s gain and bias over :math:`s`.
 
-    Exact only when every LayerNorm has ``eps = 0``. With ``v = var(x)`` of a non-constant row
-    ``x [D]``, ``n_eps(x) = (x - mean(x)) / sqrt(v + eps)`` gives ``n_0(s x) = n_0(x)``: the
-    stream is ``s x`` after every block, each block reads it unchanged and writes ``s`` times
-    its update, and the tied logits ``(gamma_f n + beta_f)(s W_E)^T`` lose ``s`` to
-    ``gamma_f / s``, ``beta_f / s``. For ``eps > 0``,
-    ``d/ds n_eps(s x)|_{s=1} = eps / (v + eps) n_eps(x)``: the output changes at first order by
-    a sum of such terms, one per LayerNorm and position (chapter 6, near-symmetries)."""
+    Exact only when every LayerNorm has :math:`\epsilon = 0`. With
+    :math:`v = \operatorname{var}(x)` of a non-constant row ``x [D]``,
+    :math:`n_\epsilon(x) = (x - \operatorname{mean}(x)) / \sqrt{v + \epsilon}` gives
+    :math:`n_0(sx) = n_0(x)`: the stream is :math:`sx` after every block, each block reads it
+    unchanged and writes :math:`s` times its update, and the tied logits
+    :math:`(\gamma_f \odot n + \beta_f)(s W_E)^\top` lose :math:`s` to :math:`\gamma_f / s`,
+    :math:`\beta_f / s`. For :math:`\epsilon > 0`,
+    :math:`\frac{d}{ds} n_\epsilon(sx) |_{s=1} = \frac{\epsilon}{v + \epsilon}\, n_\epsilon(x)`:
+    the output changes at first order by a sum of such terms, one per LayerNorm and position
+    (chapter 6, near-symmetries)."""
 
     s: torch.Tensor  # [1]
     acts_on: ClassVar = GPT

@@ -15,15 +15,16 @@ A :class:`ContinuousFactor` (a Lie group) also knows
 
 * its **Lie algebra** at a module, ``lie_basis(module) -> [k, *shape]``: ``k`` algebra elements
   in the shape of the factor's parameter (``k`` is the family's dimension at that module);
-* its **exponential** ``exp(X)``: the one-parameter subgroup ``t -> exp(t X)``.
+* its **exponential** ``exp(X)``: the one-parameter subgroup :math:`t \mapsto \exp(tX)`.
 
 From these two everything else is derived once, here:
 
 * :func:`tangent_map`: the generators as tangent vectors of the orbit through the module's
-  parameters, ``d/dt exp(t X) . theta`` at ``t = 0`` (forward-mode differentiation of the action
-  along :meth:`ContinuousFactor.near_identity`);
-* :func:`momentum_map`: ``mu(p)[X] = <p, d/dt exp(t X) . theta>``, the momentum ``p`` dotted with
-  every generator at once (one reverse-mode pass), returned in the shape of the algebra element.
+  parameters, :math:`\frac{d}{dt} \exp(tX) \cdot \theta` at :math:`t = 0` (forward-mode
+  differentiation of the action along :meth:`ContinuousFactor.near_identity`);
+* :func:`momentum_map`: :math:`\mu(p)[X] = \langle p, \frac{d}{dt} \exp(tX) \cdot \theta \rangle`,
+  the momentum :math:`p` dotted with every generator at once (one reverse-mode pass), returned in
+  the shape of the algebra element.
   Noether charges and gradient-flow invariants are its values (:mod:`gaugebook.mechanics`);
 * :func:`project`: the orthogonal projection onto a subalgebra given by an orthogonal basis.
 
@@ -185,15 +186,15 @@ class ContinuousFactor(Factor):
 
     @classmethod
     def exp(cls, X: torch.Tensor, *, target: str = "", **options) -> "ContinuousFactor":
-        """The group element ``exp(X)`` for an algebra element ``X`` (unchecked, differentiable;
-        ``options`` as in :meth:`lie_basis`)."""
+        r"""The group element :math:`\exp(X)` for an algebra element ``X`` (unchecked,
+        differentiable; ``options`` as in :meth:`lie_basis`)."""
         return cls.unchecked(X, target=target, **options)
 
     @classmethod
     def near_identity(cls, X: torch.Tensor, *, target: str = "",
                       **options) -> "ContinuousFactor":
-        """A curve through the identity with velocity ``X`` at ``X = 0`` (``exp(X)`` up to
-        second order): what :func:`tangent_map` and :func:`momentum_map` differentiate. By
+        r"""A curve through the identity with velocity ``X`` at :math:`X = 0` (:math:`\exp(X)` up
+        to second order): what :func:`tangent_map` and :func:`momentum_map` differentiate. By
         default :meth:`exp`."""
         return cls.exp(X, target=target, **options)
 
@@ -215,8 +216,8 @@ def _checked(x, name: str, ndim: int, shape_doc: str) -> torch.Tensor:
 
 
 class MatrixFactor(ContinuousFactor):
-    """A factor whose parameter is a stack ``[n, d, d]`` of invertible matrices (a product of
-    ``GL(d)``'s): validated, inverted and exponentiated as matrices."""
+    r"""A factor whose parameter is a stack ``[n, d, d]`` of invertible matrices (a product of
+    :math:`\GL(d)`'s): validated, inverted and exponentiated as matrices."""
 
     def __post_init__(self):
         name = _parameter(self)
@@ -234,15 +235,16 @@ class MatrixFactor(ContinuousFactor):
 
     @classmethod
     def near_identity(cls, X, *, target="", **options):
-        """``I + X``: the same derivative as ``exp(X)`` at ``X = 0``, and several times cheaper
-        to differentiate backwards than ``matrix_exp``."""
+        r""":math:`I + X`: the same derivative as :math:`\exp(X)` at :math:`X = 0`, and several
+        times cheaper to differentiate backwards than ``matrix_exp``."""
         eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
         return cls.unchecked(eye + X, target=target, **options)
 
 
 class TranslationFactor(ContinuousFactor):
-    """A factor whose parameter ``t`` adds (an abelian group of translations): ``exp(X) = X``,
-    inverse ``-t``, composition adds. ``shape_doc`` describes the parameter's shape."""
+    r"""A factor whose parameter :math:`t` adds (an abelian group of translations):
+    :math:`\exp(X) = X`, inverse :math:`-t`, composition adds. ``shape_doc`` describes the
+    parameter's shape."""
 
     shape_doc: ClassVar[str] = "[n]"
 
@@ -260,9 +262,9 @@ class TranslationFactor(ContinuousFactor):
 
 
 class ScalingFactor(ContinuousFactor):
-    """A factor whose parameter ``s`` multiplies entry by entry, each entry positive
-    (``positive``) or only non-zero: ``exp(X) = e^X`` (the identity component), inverse ``1/s``,
-    composition multiplies."""
+    r"""A factor whose parameter :math:`s` multiplies entry by entry, each entry positive
+    (``positive``) or only non-zero: :math:`\exp(X) = e^X` (the identity component), inverse
+    :math:`1/s`, composition multiplies."""
 
     shape_doc: ClassVar[str] = "[n]"
     positive: ClassVar[bool] = True
@@ -337,7 +339,7 @@ class GaugeElement:
         return out
 
     def inverse(self) -> "GaugeElement":
-        """``g^{-1}``: the inverse factors in reverse order, so ``g.inverse().act(g.act(m))``
+        """:math:`g^{-1}`: the inverse factors in reverse order, so ``g.inverse().act(g.act(m))``
         has ``m``'s parameters."""
         return GaugeElement(f.inverse() for f in reversed(self.factors))
 
@@ -375,10 +377,10 @@ def _flat(params: dict, names) -> torch.Tensor:
 def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = "",
                 basis: torch.Tensor | None = None, *, trainable_only: bool = True,
                 **options) -> torch.Tensor:
-    """``T [n_params, k]``: column ``i`` is ``d/dt exp(t B_i) . theta`` at ``t = 0`` for the
-    basis ``B [k, *shape]`` (default: ``family.lie_basis`` of the target), as a vector over the
-    trainable parameters of ``model`` (``named_parameters()`` order, each flattened row-major,
-    the order of :func:`gaugebook.redundancy.jacobian`; all parameters with
+    r"""``T [n_params, k]``: column :math:`i` is :math:`\frac{d}{dt} \exp(t B_i) \cdot \theta` at
+    :math:`t = 0` for the basis ``B [k, *shape]`` (default: ``family.lie_basis`` of the target),
+    as a vector over the trainable parameters of ``model`` (``named_parameters()`` order, each
+    flattened row-major, the order of :func:`gaugebook.redundancy.jacobian`; all parameters with
     ``trainable_only=False``). ``options``: the factor's other fields. Float64."""
     module = model.get_submodule(target)
     basis = family.lie_basis(module, **options) if basis is None else basis
@@ -400,11 +402,12 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
 
 def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict,
                  target: str = "", shape=None, **options) -> torch.Tensor:
-    """``mu [*shape]`` with ``<mu, X> = <p, d/dt exp(t X) . theta>`` for every ``X`` of that
-    shape: the momentum ``p`` (``momenta``, float64 tensors keyed like the target's parameters)
-    dotted with every generator, by one reverse-mode pass through the action. ``shape`` is the
-    family's parameter shape (default: that of ``lie_basis``); ``options``: the factor's other
-    fields, as in :func:`tangent_map`."""
+    r"""``mu [*shape]`` with
+    :math:`\langle \mu, X \rangle = \langle p, \frac{d}{dt} \exp(tX) \cdot \theta \rangle` for
+    every :math:`X` of that shape: the momentum :math:`p` (``momenta``, float64 tensors keyed like
+    the target's parameters) dotted with every generator, by one reverse-mode pass through the
+    action. ``shape`` is the family's parameter shape (default: that of ``lie_basis``);
+    ``options``: the factor's other fields, as in :func:`tangent_map`."""
     module = model.get_submodule(target)
     shape = family.lie_basis(module, **options).shape[1:] if shape is None else shape
     with torch.inference_mode(False), torch.enable_grad():  # callable from no-grad code
@@ -418,8 +421,9 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
 
 
 def project(X: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """Orthogonal projection of ``X [..., *shape]`` onto the span of an orthogonal (not
-    necessarily normalised) ``basis [k, *shape]``: ``sum_i <X, B_i> B_i / <B_i, B_i>``."""
+    r"""Orthogonal projection of ``X [..., *shape]`` onto the span of an orthogonal (not
+    necessarily normalised) ``basis [k, *shape]``:
+    :math:`\sum_i \langle X, B_i \rangle B_i / \langle B_i, B_i \rangle`."""
     B = basis.to(X).flatten(1)  # (k, n)
     x = X.reshape(*X.shape[:X.ndim - basis.ndim + 1], -1)  # (..., n)
     coeffs = (x @ B.T) / (B * B).sum(1)
@@ -434,18 +438,18 @@ def unit_basis(shape) -> torch.Tensor:
 
 
 def gl_basis(n: int) -> torch.Tensor:
-    """``[n^2, n, n]``: the units ``E_ij`` of ``gl(n)`` in row-major order."""
+    r"""``[n^2, n, n]``: the units :math:`E_{ij}` of :math:`\mathfrak{gl}(n)` in row-major order."""
     return unit_basis((n, n))
 
 
 def rope_commutant_basis(d_head: int, rotary_dim: int, gated: bool = False) -> torch.Tensor:
-    """An orthogonal basis ``[k, d_head, d_head]`` of the matrices that commute with every RoPE
-    rotation (planes ``(i, i + r/2)``, ``r = rotary_dim``; ``r = 0`` is no RoPE).
+    r"""An orthogonal basis ``[k, d_head, d_head]`` of the matrices that commute with every RoPE
+    rotation (planes :math:`(i, i + r/2)`, :math:`r` = ``rotary_dim``; :math:`r = 0` is no RoPE).
 
-    Per rotation plane the scaling ``S_i`` and the rotation generator ``J_i`` (only ``S_i`` for
-    gated RoPE, whose coordinate-wise gates forbid rotations); on the ``u = d_head - r``
-    unrotated coordinates all of ``gl(u)`` (its diagonal for gated RoPE). Dimension ``r + u^2``,
-    gated ``r/2 + u``."""
+    Per rotation plane the scaling :math:`S_i` and the rotation generator :math:`J_i` (only
+    :math:`S_i` for gated RoPE, whose coordinate-wise gates forbid rotations); on the
+    :math:`u = d_\text{head} - r` unrotated coordinates all of :math:`\mathfrak{gl}(u)` (its
+    diagonal for gated RoPE). Dimension :math:`r + u^2`, gated :math:`r/2 + u`."""
     if rotary_dim != 0:
         check_rotary_dim(d_head, rotary_dim)
     half, basis = rotary_dim // 2, []
@@ -467,16 +471,18 @@ def rope_commutant_basis(d_head: int, rotary_dim: int, gated: bool = False) -> t
 
 
 def rope_plane_breaking_basis(d_head: int, rotary_dim: int, plane: int) -> torch.Tensor:
-    r"""``[2, d_head, d_head]``: the part of ``gl(2)`` on RoPE plane ``(i, i + r/2)``
-    (``i = plane``, ``r = rotary_dim``) that the commutant lacks, the traceless symmetric
-    generators ``E_ii - E_jj`` and ``E_ij + E_ji`` (``j = i + r/2``).
+    r"""``[2, d_head, d_head]``: the part of :math:`\mathfrak{gl}(2)` on RoPE plane
+    :math:`(i, i + r/2)` (:math:`i` = ``plane``, :math:`r` = ``rotary_dim``) that the commutant
+    lacks, the traceless symmetric generators :math:`E_{ii} - E_{jj}` and :math:`E_{ij} + E_{ji}`
+    (:math:`j = i + r/2`).
 
-    With the plane's rotation ``R(alpha) = cos(alpha) I + sin(alpha) J`` (``J`` antisymmetric,
-    :func:`gaugebook.rope.rotation_matrix`) each such ``X`` anticommutes with ``J``, so
-    ``X R - R X = 2 sin(alpha) X J`` and ``||X R - R X||_F = 2 sqrt(2) |sin(alpha)|``: a
-    symmetry of a plane that does not turn, a near-symmetry of one that turns little over the
-    context (chapter 6). With :func:`rope_commutant_basis`'s ``S_i`` and ``J_i`` they span all
-    ``X`` supported on the plane."""
+    With the plane's rotation :math:`R(\alpha) = \cos\alpha\, I + \sin\alpha\, J` (:math:`J`
+    antisymmetric, :func:`gaugebook.rope.rotation_matrix`) each such :math:`X` anticommutes with
+    :math:`J`, so :math:`XR - RX = 2 \sin\alpha\, XJ` and
+    :math:`\|XR - RX\|_F = 2\sqrt{2}\, |\sin\alpha|`: a symmetry of a plane that does not turn, a
+    near-symmetry of one that turns little over the context (chapter 6). With
+    :func:`rope_commutant_basis`'s :math:`S_i` and :math:`J_i` they span all :math:`X` supported
+    on the plane."""
     half = check_rotary_dim(d_head, rotary_dim) // 2
     if not 0 <= plane < half:
         raise ValueError(f"plane must be in [0, {half}) for rotary_dim={rotary_dim}, got {plane}")
@@ -490,11 +496,12 @@ def rope_plane_breaking_basis(d_head: int, rotary_dim: int, plane: int) -> torch
 # ----------------------------------------------------------------------------- dimensions
 
 def factor_redundancy(m: int, n: int, k: int) -> int:
-    """Redundancy of the product map ``(A [m, k], B [n, k]) -> A B^T``.
+    r"""Redundancy of the product map :math:`(A, B) \mapsto A B^\top`, ``A [m, k]``, ``B [n, k]``.
 
-    Its image is the set of ``m x n`` matrices of rank at most ``r = min(k, m, n)``, of dimension
-    ``r (m + n - r)``; so ``(m + n) k - r (m + n - r)`` parameter directions are lost. For
-    ``k <= min(m, n)`` this is ``k^2 = dim GL(k)``; for ``k > n`` the GL(k) action has a stabiliser.
+    Its image is the set of :math:`m \times n` matrices of rank at most :math:`r = \min(k, m, n)`,
+    of dimension :math:`r (m + n - r)`; so :math:`(m + n) k - r (m + n - r)` parameter directions
+    are lost. For :math:`k \le \min(m, n)` this is :math:`k^2 = \dim \GL(k)`; for :math:`k > n`
+    the :math:`\GL(k)` action has a stabiliser.
     """
     r = min(k, m, n)
     return (m + n) * k - r * (m + n - r)
@@ -503,21 +510,24 @@ def factor_redundancy(m: int, n: int, k: int) -> int:
 def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, d_head: int,
                     d_value: int, bias: bool, rope: bool | str = False,
                     rotary_dim: int | None = None) -> dict[str, int]:
-    """Redundant directions of one attention layer at generic weights, by sector:
+    r"""Redundant directions of one attention layer at generic weights, by sector:
     ``qk_gauge``, ``key_bias``, ``vo_gauge``, ``value_bias``.
 
     ``d_in`` is the dimension of the inputs' span (``d_model``, or ``d_model - 1`` behind a
     LayerNorm), ``d_out`` that of the outputs that matter (``d_model - 1`` when a LayerNorm reads
-    them). Per key/value group of ``G`` query heads (``b = 1`` with biases):
+    them). Per key/value group of :math:`G` query heads (:math:`b = 1` with biases):
 
-    * QK without RoPE: queries ``[x, 1] W~_Q`` of all ``G`` heads against keys ``x W_K``:
-      ``factor_redundancy(G (d_in + b), d_in, d_head)`` (``= d_head^2`` when
-      ``d_head <= d_in``); ``b_K`` cancels in the softmax (``d_head`` more).
+    * QK without RoPE: queries :math:`[x, 1]\, \tilde W_Q` of all :math:`G` heads against keys
+      :math:`x W_K`: ``factor_redundancy(G (d_in + b), d_in, d_head)``
+      (:math:`= d_\text{head}^2` when :math:`d_\text{head} \le d_\text{in}`); :math:`b_K` cancels
+      in the softmax (:math:`d_\text{head}` more).
     * QK with RoPE: the commutant of the rotations, 2 per plane (1 with gated RoPE), and on the
-      ``u = d_head - rotary_dim`` unrotated coordinates the plain count, ``b_K`` cancelling there
-      (per coordinate 1 with gated RoPE, whose gates stop ``b_K`` cancelling).
-    * VO: ``factor_redundancy(d_in, G d_out, d_value)`` (``= d_value^2``), plus ``d_value`` from
-      ``b_V``, whose contribution ``b_V W_O`` is a constant that ``b_O`` absorbs.
+      :math:`u = d_\text{head} - r` unrotated coordinates (:math:`r` = ``rotary_dim``) the plain
+      count, :math:`b_K` cancelling there (per coordinate 1 with gated RoPE, whose gates stop
+      :math:`b_K` cancelling).
+    * VO: ``factor_redundancy(d_in, G d_out, d_value)`` (:math:`= d_\text{value}^2`), plus
+      :math:`d_\text{value}` from :math:`b_V`, whose contribution :math:`b_V W_O` is a constant
+      that :math:`b_O` absorbs.
 
     ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
     RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE.

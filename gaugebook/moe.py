@@ -8,12 +8,13 @@ For a token ``x [D]`` the router scores the ``E`` experts and keeps the ``k`` mo
     w_j = p_j / sum_{i in S} p_i         # j in S: gate weights, renormalised over the k chosen
     y = sum_{j in S} w_j E_j(x),   E_j(x) = act(x W_in[j] + b_in[j]) W_out[j] + b_out[j]
 
-Renormalising makes ``w`` the softmax of the chosen logits alone (as in Mixtral). With
-``renormalize=False`` the gates are the raw probabilities ``w_j = p_j``, the Switch Transformer's
-convention (Fedus et al. 2022); with ``k = 1`` it is the only one under which the router gets a
-gradient from the output, because renormalised top-1 weights are always 1.
+Renormalising makes :math:`w` the softmax of the chosen logits alone (as in Mixtral). With
+``renormalize=False`` the gates are the raw probabilities :math:`w_j = p_j`, the Switch
+Transformer's convention (Fedus et al. 2022); with :math:`k = 1` it is the only one under which
+the router gets a gradient from the output, because renormalised top-1 weights are always 1.
 
-The load-balancing loss of Fedus et al. (2022), for ``N`` tokens, extended to ``k`` choices::
+The load-balancing loss of Fedus et al. (2022), for :math:`N` tokens, extended to :math:`k`
+choices::
 
     f_e = (number of tokens whose k choices include e) / (N k)      # fraction of assignments
     P_e = (1/N) sum_x p_e(x)                                         # mean router probability
@@ -23,12 +24,14 @@ Symmetries (factors of :mod:`gaugebook.lie`: :class:`ExpertPermutation`, :class:
 :class:`ExpertRescaling`, :class:`ExpertHiddenPermutation`; each function below returns a
 transformed copy and leaves its input alone):
 
-* :func:`permute_experts`: relabel experts, moving the router's columns with them (``E!``).
-* :func:`shift_router`: ``W_r -> W_r + c 1^T``, ``b_r -> b_r + s 1``; every logit of a token moves
-  by the same ``x.c + s``, which the softmax, the top-k choice and the gates ignore.
-* :func:`rescale_hidden` (ReLU experts): ``W_in[e][:, j] -> a W_in[e][:, j]``,
-  ``b_in[e][j] -> a b_in[e][j]``, ``W_out[e][j] -> W_out[e][j] / a`` for ``a > 0``, because
-  ``relu(a z) = a relu(z)``.
+* :func:`permute_experts`: relabel experts, moving the router's columns with them (:math:`E!`).
+* :func:`shift_router`: :math:`W_r \to W_r + c \mathbf{1}^\top`, :math:`b_r \to b_r + s \mathbf{1}`;
+  every logit of a token moves by the same :math:`x \cdot c + s`, which the softmax, the top-k
+  choice and the gates ignore.
+* :func:`rescale_hidden` (ReLU experts): column :math:`j` of :math:`W_\text{in}^{(e)}` and entry
+  :math:`j` of :math:`b_\text{in}^{(e)}` times :math:`a > 0`, row :math:`j` of
+  :math:`W_\text{out}^{(e)}` over :math:`a`, because
+  :math:`\operatorname{relu}(az) = a \operatorname{relu}(z)`.
 * :func:`permute_hidden`: relabel the hidden units inside each expert.
 
 Experts are evaluated densely (every expert on every token, then the chosen ones gathered): exact,
@@ -71,13 +74,14 @@ class MoEOutput(NamedTuple):
 
 
 def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``E sum_e f_e P_e`` from router probabilities ``[..., E]`` and choices ``[..., k]``.
+    r""":math:`E \sum_e f_e P_e` from router probabilities ``[..., E]`` and choices ``[..., k]``.
 
-    ``f_e`` (fraction of the ``N k`` assignments that go to expert ``e``) is piecewise constant
-    in the parameters and carries no gradient; ``P_e`` (mean probability) does. The value is 1
-    when both are uniform and at most ``E / k``: since ``f_e <= 1/k`` (a token picks an expert at
-    most once), ``sum_e f_e P_e <= 1/k``, reached when every token picks the same ``k`` experts
-    and they take all the probability. ``N = 0`` tokens raise ``ValueError``.
+    :math:`f_e` (fraction of the :math:`N k` assignments that go to expert :math:`e`) is piecewise
+    constant in the parameters and carries no gradient; :math:`P_e` (mean probability) does. The
+    value is 1 when both are uniform and at most :math:`E / k`: since :math:`f_e \le 1/k` (a token
+    picks an expert at most once), :math:`\sum_e f_e P_e \le 1/k`, reached when every token picks
+    the same :math:`k` experts and they take all the probability. :math:`N = 0` tokens raise
+    ``ValueError``.
     """
     E, k = probs.shape[-1], indices.shape[-1]
     if indices.shape[:-1] != probs.shape[:-1]:
@@ -94,13 +98,13 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
 
 
 class MoE(nn.Module):
-    """Top-k mixture of ``n_experts`` two-layer MLP experts ``D -> d_hidden -> D``.
+    r"""Top-k mixture of ``n_experts`` two-layer MLP experts :math:`D \to d_\text{hidden} \to D`.
 
     Args:
-        d_model: token width ``D``.
-        n_experts: number of experts ``E``.
+        d_model: token width :math:`D`.
+        n_experts: number of experts :math:`E`.
         d_hidden: hidden width of each expert.
-        k: experts per token, ``1 <= k <= E``.
+        k: experts per token, :math:`1 \le k \le E`.
         activation: ``"gelu"`` (exact, erf form) or ``"relu"``.
         router_bias: add a learned router bias ``b_r [E]``.
         renormalize: gates renormalised over the k chosen experts (default) or the raw
@@ -148,7 +152,8 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Gaussian weights with variance 1/fan_in, biases uniform in +-1/sqrt(fan_in), as in
+        r"""Gaussian weights with variance :math:`1/\mathrm{fan}_\text{in}`, biases uniform in
+        :math:`\pm 1/\sqrt{\mathrm{fan}_\text{in}}`, as in
         :class:`~gaugebook.attention.MultiHeadAttention`: generic, with no accidental zeros."""
         fan_in = {"W_r": self.d_model, "b_r": self.d_model, "W_in": self.d_model,
                   "b_in": self.d_model, "W_out": self.d_hidden, "b_out": self.d_hidden}
@@ -200,15 +205,17 @@ class MoE(nn.Module):
 
 
 def redundancy_count(m: MoE) -> int:
-    """Redundant directions of the layer's output at generic weights and inputs (every expert
+    r"""Redundant directions of the layer's output at generic weights and inputs (every expert
     chosen by enough tokens, no token at a tie; every ReLU unit active on some of its expert's
     tokens and inactive on others: a unit that never switches adds directions, as in
     :func:`gaugebook.gpt_redundancy.positive_fraction`), the count that
     :func:`gaugebook.redundancy.predicted_redundancy` gives for a :class:`MoE`:
 
-    * router: the shift ``c [D]`` (plus ``s`` with a router bias). With ``k = 1`` and
-      renormalised gates the router only selects, so all its ``D E (+ E)`` parameters are flat.
-    * ReLU experts: one positive rescaling per hidden unit, ``E d_hidden``; GELU experts: none.
+    * router: the shift ``c [D]`` (plus :math:`s` with a router bias). With :math:`k = 1` and
+      renormalised gates the router only selects, so all its :math:`D E` (:math:`+ E`) parameters
+      are flat.
+    * ReLU experts: one positive rescaling per hidden unit, :math:`E\, d_\text{hidden}`; GELU
+      experts: none.
     """
     b = int(m.has_router_bias)
     router = (m.d_model + b) * m.n_experts if m.k == 1 and m.renormalize else m.d_model + b
@@ -248,9 +255,9 @@ class ExpertPermutation(PermutationFactor):
 
 @dataclass(frozen=True, eq=False)
 class RouterShift(TranslationFactor):
-    """``W_r -> W_r + c 1^T`` and, with a router bias, ``b_r -> b_r + s``: every logit of a
-    token moves by ``x . c + s``, which the softmax, the top-k choice and the gates ignore.
-    ``shift = [c, s]`` (``[D + 1]``; ``[D]`` without a router bias)."""
+    r""":math:`W_r \to W_r + c \mathbf{1}^\top` and, with a router bias, :math:`b_r \to b_r + s`:
+    every logit of a token moves by :math:`x \cdot c + s`, which the softmax, the top-k choice and
+    the gates ignore. ``shift = [c, s]`` (``[D + 1]``; ``[D]`` without a router bias)."""
 
     shift: torch.Tensor  # [D + b]
     acts_on: ClassVar = MoE
@@ -270,8 +277,9 @@ class RouterShift(TranslationFactor):
 
 @dataclass(frozen=True, eq=False)
 class ExpertRescaling(ScalingFactor):
-    """Hidden unit ``j`` of expert ``e``: in by ``a[e, j] > 0``, out by ``1 / a[e, j]``
-    (``relu(a z) = a relu(z)``): a symmetry of ReLU experts only."""
+    r"""Hidden unit :math:`j` of expert :math:`e`: in by :math:`a_{ej} > 0`, out by
+    :math:`1 / a_{ej}` (:math:`\operatorname{relu}(az) = a \operatorname{relu}(z)`): a symmetry of
+    ReLU experts only."""
 
     a: torch.Tensor  # [E, d_hidden]
     acts_on: ClassVar = MoE
@@ -325,8 +333,8 @@ def permute_experts(moe: MoE, perm) -> MoE:
 
 
 def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
-    """``W_r -> W_r + c 1^T`` (``c [D]``) and, with a router bias, ``b_r -> b_r + s``
-    (:class:`RouterShift`)."""
+    r""":math:`W_r \to W_r + c \mathbf{1}^\top` (``c [D]``) and, with a router bias,
+    :math:`b_r \to b_r + s` (:class:`RouterShift`)."""
     _check_moe(moe)
     c = torch.as_tensor(c, dtype=torch.float64)
     if c.shape != (moe.d_model,):
@@ -339,8 +347,9 @@ def shift_router(moe: MoE, c, s: float = 0.0) -> MoE:
 
 
 def rescale_hidden(moe: MoE, a) -> MoE:
-    """Scale hidden unit ``j`` of expert ``e`` by ``a[e, j] > 0`` on the way in and by
-    ``1 / a[e, j]`` on the way out (:class:`ExpertRescaling`): a symmetry of ReLU experts only."""
+    """Scale hidden unit :math:`j` of expert :math:`e` by :math:`a_{ej} > 0` (``a[e, j]``) on the
+    way in and by :math:`1 / a_{ej}` on the way out (:class:`ExpertRescaling`): a symmetry of ReLU
+    experts only."""
     _check_moe(moe)
     return GaugeElement([ExpertRescaling(a)]).act(moe)
 

@@ -1,32 +1,38 @@
 r"""The gauge orbit through a point: its tangent vectors, dimension and stabiliser.
 
-For an attention layer with parameters ``theta``, the continuous gauge group acts per key/value
-group ``g`` (:mod:`gaugebook.gauge`). Differentiating each factor at the identity gives the
-tangent vectors of the orbit ``G . theta`` at ``theta``, one per Lie-algebra direction:
+For an attention layer with parameters :math:`\theta`, the continuous gauge group acts per
+key/value group :math:`g` (:mod:`gaugebook.gauge`). Differentiating each factor at the identity
+gives the tangent vectors of the orbit :math:`G \cdot \theta` at :math:`\theta`, one per
+Lie-algebra direction (:math:`W_Q^{(h)}` is the slice ``W_Q[h]``):
 
-* QK, ``X`` in the QK Lie algebra (all of ``gl(d_head)``; with RoPE the commutant of the
-  rotations): ``dW_Q[h] = W_Q[h] X``, ``db_Q[h] = b_Q[h] X`` for the query heads ``h`` of
-  group ``g``, ``dW_K[g] = -W_K[g] X^T``, ``db_K[g] = -b_K[g] X^T``;
-* VO, ``Y`` in ``gl(d_value)``: ``dW_V[g] = W_V[g] Y``, ``db_V[g] = b_V[g] Y``,
-  ``dW_O[h] = -Y W_O[h]``;
-* key-bias translation ``e_i``: ``db_K[g] = e_i`` (coordinates that RoPE leaves unrotated only);
-* value-bias translation ``e_i``: ``db_V[g] = e_i``, ``db_O = -sum_h e_i W_O[h]``.
+* QK, :math:`X` in the QK Lie algebra (all of :math:`\mathfrak{gl}(d_\text{head})`; with RoPE the
+  commutant of the rotations): :math:`dW_Q^{(h)} = W_Q^{(h)} X`, :math:`db_Q^{(h)} = b_Q^{(h)} X`
+  for the query heads :math:`h` of group :math:`g`, :math:`dW_K^{(g)} = -W_K^{(g)} X^\top`,
+  :math:`db_K^{(g)} = -b_K^{(g)} X^\top`;
+* VO, :math:`Y` in :math:`\mathfrak{gl}(d_\text{value})`: :math:`dW_V^{(g)} = W_V^{(g)} Y`,
+  :math:`db_V^{(g)} = b_V^{(g)} Y`, :math:`dW_O^{(h)} = -Y W_O^{(h)}`;
+* key-bias translation :math:`e_i`: :math:`db_K^{(g)} = e_i` (coordinates that RoPE leaves
+  unrotated only);
+* value-bias translation :math:`e_i`: :math:`db_V^{(g)} = e_i`,
+  :math:`db_O = -\sum_h e_i W_O^{(h)}`.
 
 The tangent map ``T [n_params, n_lie]`` has these vectors as columns. Its rank is the orbit
-dimension; the rest of the Lie algebra, ``n_lie - rank``, is the Lie algebra of the stabiliser
-(group elements near the identity that fix ``theta``). The action is *free* near the identity
-exactly when the stabiliser dimension is 0. Head permutations are discrete and add no tangent
-vector. Chapters 4 and 10 of the book use these to compare the orbit with the fibre (the null
-space of the Jacobian, :mod:`gaugebook.redundancy`).
+dimension; the rest of the Lie algebra, :math:`n_\text{lie} - \rank T`, is the Lie algebra of the
+stabiliser (group elements near the identity that fix :math:`\theta`). The action is *free* near
+the identity exactly when the stabiliser dimension is 0. Head permutations are discrete and add
+no tangent vector. Chapters 4 and 10 of the book use these to compare the orbit with the fibre
+(the null space of the Jacobian, :mod:`gaugebook.redundancy`).
 
 The *balanced point* of an orbit is where the gradient-flow invariants of
-:mod:`gaugebook.mechanics` vanish: ``W~_Q^T W~_Q = W~_K^T W~_K`` and ``W~_V^T W~_V = W_O W_O^T``
-(summed over the query heads of a key/value group, biases as extra rows). Weight decay drives
-training towards it (chapter 11). For a pair of factors ``A -> A M``, ``B -> B M^{-T}`` with
-``Q_A = A^T A`` and ``Q_B = B^T B`` positive definite, balance means
-``M^T Q_A M = M^{-1} Q_B M^{-T}``. It holds for ``M = W^{1/2}``, where ``W`` is the unique
-positive definite solution of ``W Q_A W = Q_B`` (the matrix geometric mean of ``Q_A^{-1}`` and
-``Q_B``): ``W = Q_A^{-1/2} (Q_A^{1/2} Q_B Q_A^{1/2})^{1/2} Q_A^{-1/2}``.
+:mod:`gaugebook.mechanics` vanish: :math:`\tilde W_Q^\top \tilde W_Q = \tilde W_K^\top \tilde W_K`
+and :math:`\tilde W_V^\top \tilde W_V = W_O W_O^\top` (summed over the query heads of a key/value
+group; the tilde appends the biases as extra rows). Weight decay drives training towards it
+(chapter 11). For a pair of factors :math:`A \to A M`, :math:`B \to B M^{-\top}` with
+:math:`Q_A = A^\top A` and :math:`Q_B = B^\top B` positive definite, balance means
+:math:`M^\top Q_A M = M^{-1} Q_B M^{-\top}`. It holds for :math:`M = W^{1/2}`, where :math:`W` is
+the unique positive definite solution of :math:`W Q_A W = Q_B` (the matrix geometric mean of
+:math:`Q_A^{-1}` and :math:`Q_B`):
+:math:`W = Q_A^{-1/2} (Q_A^{1/2} Q_B Q_A^{1/2})^{1/2} Q_A^{-1/2}`.
 """
 from __future__ import annotations
 
@@ -51,12 +57,13 @@ def _check(m) -> None:
 
 
 def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
-    """The tangent map ``T [n_params, n_lie]`` of the continuous gauge action at ``m``'s weights.
+    r"""The tangent map ``T [n_params, n_lie]`` of the continuous gauge action at ``m``'s weights.
 
     Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
     :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
-    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`, ``gl(d_value)``
-    (``E_ij`` in row-major order), then key- and value-bias translations (with biases). Each family's columns are
+    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`,
+    :math:`\mathfrak{gl}(d_\text{value})` (:math:`E_{ij}` in row-major order), then key- and
+    value-bias translations (with biases). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
     check_finite_tensors(m)
@@ -83,9 +90,10 @@ class OrbitDimension:
 
 
 def orbit_dimension(m: MultiHeadAttention, *, rtol: float | None = None) -> OrbitDimension:
-    """Dimension of the orbit through ``m``'s weights: the numerical rank of
-    :func:`orbit_tangents` (zero when a singular value is at most ``rtol * s_max``, by default
-    ``rtol = max(T.shape) * eps_float64`` as in :func:`gaugebook.redundancy.redundancy`)."""
+    r"""Dimension of the orbit through ``m``'s weights: the numerical rank of
+    :func:`orbit_tangents` (zero when a singular value is at most ``rtol`` times the largest; by
+    default ``rtol`` is :math:`\max(m, n)\, \epsilon` for :math:`T` of shape :math:`m \times n`,
+    :math:`\epsilon` the float64 machine epsilon, as in :func:`gaugebook.redundancy.redundancy`)."""
     T = orbit_tangents(m)
     s = torch.linalg.svdvals(T)
     rank, _, gap = numerical_rank(s, T.shape, rtol)
@@ -99,8 +107,8 @@ def _sym_power(Q: torch.Tensor, power: float) -> torch.Tensor:
 
 
 def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
-    """``M [n, k, k]`` with ``(A M)^T (A M) = (B M^{-T})^T (B M^{-T})`` for ``A [n, a, k]``,
-    ``B [n, b, k]`` of full column rank."""
+    r"""``M [n, k, k]`` with :math:`(AM)^\top AM = (BM^{-\top})^\top BM^{-\top}` for
+    ``A [n, a, k]``, ``B [n, b, k]`` of full column rank."""
     QA, QB = A.mT @ A, B.mT @ B  # (n, k, k)
     for name, Q in ((f"{what} (first factor)", QA), (f"{what} (second factor)", QB)):
         lam = torch.linalg.eigvalsh(Q)  # (n, k), ascending
@@ -112,17 +120,18 @@ def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tens
 
 
 def balancing_element(m: MultiHeadAttention) -> GaugeElement:
-    """The gauge element that moves ``m`` to the balanced point of its orbit, where
+    r"""The gauge element that moves ``m`` to the balanced point of its orbit, where
     :func:`gaugebook.mechanics.flow_invariants` vanish. Among the points that the QK and VO
-    transforms reach (``M, N`` in GL) it has the smallest ``|W~_Q|_F^2 + |W~_K|_F^2`` and
-    ``|W~_V|_F^2 + |W_O|_F^2`` (for one head without biases, twice the nuclear norms of
-    ``W_Q W_K^T`` and ``W_V W_O``). With biases it is not the smallest point of the whole orbit:
-    the bias translations (:class:`~gaugebook.gauge.KeyBiasShift`,
-    :class:`~gaugebook.gauge.ValueBiasShift`), which it does not use, can shrink ``b_K`` and
-    ``b_V`` further.
+    transforms reach (:math:`M, N` in :math:`\GL`) it has the smallest
+    :math:`\|\tilde W_Q\|_F^2 + \|\tilde W_K\|_F^2` and :math:`\|\tilde W_V\|_F^2 + \|W_O\|_F^2`
+    (the tilde appends the biases as rows; for one head without biases, twice the nuclear norms
+    of :math:`W_Q W_K^\top` and :math:`W_V W_O`). With biases it is not the smallest point of the
+    whole orbit: the bias translations (:class:`~gaugebook.gauge.KeyBiasShift`,
+    :class:`~gaugebook.gauge.ValueBiasShift`), which it does not use, can shrink :math:`b_K` and
+    :math:`b_V` further.
 
-    Needs full column rank factors (``d_head, d_value <= d_model``) and no RoPE (the RoPE
-    commutant cannot balance a general pair).
+    Needs full column rank factors (:math:`d_\text{head}, d_\text{value} \le d_\text{model}`) and
+    no RoPE (the RoPE commutant cannot balance a general pair).
     """
     _check(m)
     check_finite_tensors(m)

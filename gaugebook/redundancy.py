@@ -1,15 +1,17 @@
 r"""Redundant parameter directions: measured by Jacobian rank, predicted by the gauge group.
 
-At parameters ``theta`` a direction ``delta`` is *redundant* (to first order) when it does not
-change the function on the probe inputs: ``J delta = 0`` with ``J = d model(x) / d theta``. The
-number of such directions is ``n_params - rank(J)``. At generic weights and with enough generic
-inputs it equals the dimension of the gauge orbit through ``theta`` (chapter 6).
+At parameters :math:`\theta` a direction :math:`\delta` is *redundant* (to first order) when it
+does not change the function :math:`f(x; \theta)` on the probe inputs: :math:`J \delta = 0` with
+:math:`J = \partial f(x; \theta) / \partial \theta`. The number of such directions is
+:math:`n_\text{params} - \rank J`. At generic weights and with enough generic inputs it equals
+the dimension of the gauge orbit through :math:`\theta` (chapter 6).
 
-Tolerance: a singular value counts as zero when it is at most
-``rtol * s_max`` with ``rtol = max(J.shape) * eps_float64`` (the convention of
-``numpy.linalg.matrix_rank``). The ratio ``gap = s_rank / s_{rank+1}`` between the last kept and
-the first dropped singular value is reported: at a true gauge direction it is about ``1e10`` or
-more; a gap near 1 means the count is not trustworthy.
+Tolerance: a singular value counts as zero when it is at most ``rtol`` times the largest,
+:math:`s_{\max}`, with ``rtol`` :math:`= \max(m, n)\, \epsilon` for :math:`J` of shape
+:math:`m \times n` and :math:`\epsilon` the float64 machine epsilon (the convention of
+``numpy.linalg.matrix_rank``). The ratio ``gap`` :math:`= s_r / s_{r+1}` of the last kept to
+the first dropped singular value (:math:`r` the rank) is reported: at a true gauge direction it
+is about :math:`10^{10}` or more; a gap near 1 means the count is not trustworthy.
 """
 from __future__ import annotations
 
@@ -150,11 +152,11 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
 
 @functools.singledispatch
 def predicted_redundancy(model: nn.Module) -> int:
-    """The gauge theory's count of redundant directions of ``model`` at generic weights.
+    r"""The gauge theory's count of redundant directions of ``model`` at generic weights.
 
     Every model type the library defines: :class:`~gaugebook.attention.MultiHeadAttention`
     (:func:`gaugebook.lie.attention_terms` with ``d_in = d_out = d_model``; assumes
-    ``d_model >= 2`` and, with RoPE, inputs longer than ``d_head`` tokens),
+    :math:`d_\text{model} \ge 2` and, with RoPE, inputs longer than :math:`d_\text{head}` tokens),
     :class:`~gaugebook.moe.MoE`, attention under fixed bias draws
     (:class:`~gaugebook.breaking.ShiftedAttention`, :func:`gaugebook.breaking.redundancy_count`)
     and a GPT, one of its blocks or its log-probabilities

@@ -564,7 +564,8 @@ def provenance_summary(runs: list[Run]) -> dict[str, list]:
 
 
 _MATH = re.compile(r"\$([^$]+)\$")  # an inline TeX span, $...$
-# The book's TeX macros, as its pages define them for MathJax (_config.yml, mathjax3_config)
+#: The book's TeX macros, as its pages define them for MathJax (``_config.yml``,
+#: ``mathjax3_config``): :func:`with_math` expands them.
 TEX_MACROS = {"GL": r"\mathrm{GL}", "O": r"\mathrm{O}", "SO": r"\mathrm{SO}", "R": r"\mathbb{R}",
               "tr": r"\operatorname{tr}", "rank": r"\operatorname{rank}",
               "softmax": r"\operatorname{softmax}", "Attn": r"\operatorname{Attn}"}

@@ -1,10 +1,11 @@
-"""Rotary position embedding (RoPE) in the half-split convention of GPT-NeoX and LLaMA.
+r"""Rotary position embedding (RoPE) in the half-split convention of GPT-NeoX and LLaMA.
 
-The first ``rotary_dim`` coordinates of a head are paired as planes ``(i, i + rotary_dim/2)``;
-plane ``i`` turns by the angle ``t * theta_i`` at position ``t``, with
-``theta_i = base^{-2i / rotary_dim}``. Coordinates beyond ``rotary_dim`` pass through unrotated
-(partial rotary). With row vectors, ``q_t -> q_t R_t`` and ``q_t R_t (k_s R_s)^T = q_t R_{t-s} k_s^T``:
-scores depend on the relative position only.
+The first :math:`r` = ``rotary_dim`` coordinates of a head are paired as planes
+:math:`(i, i + r/2)`; plane :math:`i` turns by the angle :math:`t \theta_i` at position :math:`t`,
+with :math:`\theta_i = b^{-2i/r}` (:math:`b` the ``base``). Coordinates beyond ``rotary_dim`` pass
+through unrotated (partial rotary). With row vectors, :math:`q_t \to q_t R_t` and
+:math:`q_t R_t (k_s R_s)^\top = q_t R_{t-s} k_s^\top`: scores depend on the relative position
+only.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import torch
 
 
 def check_rotary_dim(d_head: int, rotary_dim) -> int:
-    """``rotary_dim``, checked to be an even integer in ``(0, d_head]``: the rotated coordinates
-    pair up as planes, and a head has only ``d_head`` of them. ValueError otherwise."""
+    r"""``rotary_dim``, checked to be an even integer in :math:`(0, d_\text{head}]`: the rotated
+    coordinates pair up as planes, and a head has only ``d_head`` of them. ValueError otherwise."""
     if not (isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
             and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
         raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
@@ -25,8 +26,8 @@ def check_rotary_dim(d_head: int, rotary_dim) -> int:
 
 def rope_frequencies(rotary_dim: int, base: float = 10000.0, *,
                      dtype=torch.float64) -> torch.Tensor:
-    """Angular frequencies ``theta_i = base^{-2i/rotary_dim}``, ``i < rotary_dim/2``: shape
-    ``[rotary_dim/2]``."""
+    r"""Angular frequencies :math:`\theta_i = b^{-2i/r}`, :math:`i < r/2` (:math:`b` = ``base``,
+    :math:`r` = ``rotary_dim``): shape ``[rotary_dim/2]``."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if not 0 < base < math.inf:  # (NaN fails too)
@@ -36,9 +37,10 @@ def rope_frequencies(rotary_dim: int, base: float = 10000.0, *,
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    """Apply ``R_t`` to the leading ``2 * len(frequencies)`` coordinates of ``x [..., T, d]``.
+    r"""Apply :math:`R_t` to the leading ``2 * len(frequencies)`` coordinates of ``x [..., T, d]``.
 
-    ``positions [T]``; plane ``(i, i + r/2)`` maps ``(a, b) -> (a cos - b sin, a sin + b cos)``.
+    ``positions [T]``; with :math:`\phi = t \theta_i`, plane :math:`(i, i + r/2)` maps
+    :math:`(a, b) \mapsto (a \cos\phi - b \sin\phi,\ a \sin\phi + b \cos\phi)`.
     """
     half = frequencies.numel()
     if 2 * half > x.shape[-1]:
@@ -52,7 +54,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor) 
 
 
 def rotation_matrix(position: float, frequencies: torch.Tensor, d_head: int) -> torch.Tensor:
-    """The matrix ``R_t [d_head, d_head]`` with ``rotate(x) == x @ R_t`` (row-vector convention)."""
+    """The matrix :math:`R_t` ``[d_head, d_head]`` with ``rotate(x) == x @ R_t`` (row-vector
+    convention)."""
     half = frequencies.numel()
     R = torch.eye(d_head, dtype=frequencies.dtype)
     c, s = torch.cos(position * frequencies), torch.sin(position * frequencies)
