@@ -151,7 +151,11 @@ def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
 
 ROW_LABELS = {"val_loss": "validation loss", "path_ratio": "nominal path\n" r"$/\ |\theta_0|$",
               "J_QK": r"$|J_{QK}|$", "J_VO": r"$|J_{VO}|$", "skipped_steps": "skipped steps"}
-"""How :func:`band_panels` labels its rows (any other history key: the key itself)."""
+"""How :func:`band_panels` labels its rows (any other history key: the key itself), in
+matplotlib's mathtext.
+
+:meta hide-value:
+"""
 
 
 def _zero_everywhere(runs: list[Run], key: str) -> bool:

@@ -62,8 +62,11 @@ __all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "MIN_COUNTED_WID
            "LogProbabilities", "redundancy_terms", "block_terms", "redundancy_count",
            "parameter_count", "redundant_directions", "make_generic_", "positive_fraction"]
 
-#: The kinds of redundant direction in a GPT, each with what it is.
-TERMS = {  # what each term counts, TeX between dollars (gaugebook.results.Table sets it)
+#: The kinds of redundant direction in a GPT, each with what it is (TeX between dollars, which
+#: :class:`gaugebook.results.Table` sets), keyed by the terms :func:`redundancy_terms` counts.
+#:
+#: :meta hide-value:
+TERMS = {
     "qk_gauge": r"$\GL(d_k)$ per key/value group on $W_Q, b_Q, W_K, b_K$ (with RoPE: the "
                 "commutant)",
     "key_bias": "$b_K$ cancels in the softmax",

@@ -583,8 +583,10 @@ def with_math(text: str, escape: bool = True) -> str:
         from latex2mathml.converter import convert as tex_to_mathml
     for i in range(1, len(parts), 2):
         tex = _MACRO.sub(lambda m: TEX_MACROS[m.group(1)], parts[i])
-        # the converter sets a one-letter \mathrm{O} in italics, as a variable; \text is upright
-        mathml = tex_to_mathml(re.sub(r"\\mathrm\{([A-Za-z])\}", r"\\text{\1}", tex))
+        # the converter sets a one-letter \mathrm{O} in italics, as a variable (\text is
+        # upright), and a bare | as an operator, which browsers space as one (\vert is not)
+        tex = re.sub(r"\\mathrm\{([A-Za-z])\}", r"\\text{\1}", tex)
+        mathml = tex_to_mathml(re.sub(r"(?<!\\)\|", r"\\vert ", tex))
         unknown = re.search(r">(\\[A-Za-z]+)<", mathml)
         if unknown:
             raise ValueError(f"unknown TeX command {unknown.group(1)} in ${parts[i]}$")

@@ -169,6 +169,8 @@ def test_table_sets_tex_between_dollars_as_mathml():
     macros = Table([r"$\GL(d) \times \O(d) \ne \Omega$"], []).to_html()
     assert ">G</mi><mi mathvariant=\"normal\">L<" in macros and "<mtext>O</mtext>" in macros
     assert "&#x003A9;" in macros  # \Omega is not \O followed by mega
+    bars = Table([r"$\log|G| + \|x\|$"], []).to_html()  # | as a letter-like \vert
+    assert bars.count("<mi>&#x0007C;</mi>") == 2 and "&#x02016;" in bars
 
 
 def test_tex_macros_are_the_pages_macros():
