@@ -219,7 +219,7 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
     height = fig.get_figheight()
-    note = 0.3 / height if zero else 0  # the bottom 0.3 inch: "skipped steps: 0 in every run"
+    note = 0.3 / height if zero else 0  # the bottom 0.3 inch: the line on the zero keys
     bottom = note + (0.45 / height if legend else 0)  # then 0.45 inch for the legend
     if legend:
         fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend),
