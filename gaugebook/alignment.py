@@ -38,9 +38,8 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
-                             ValueBiasShift, VOTransform, attention_modules, grouped_weights)
+                             ValueBiasShift, VOTransform, gauge_layers, grouped_weights)
 from gaugebook.gpt import GPT
 from gaugebook.gpt_gauge import HiddenPermutation, ResidualPermutation, residual_axes
 from gaugebook.lie import float64_parameters
@@ -48,8 +47,7 @@ from gaugebook.linalg import DTYPE, ZERO_RTOL, random_gl
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
-           "parameter_distance", "loss_barrier", "sample_align", "SampledAlignment",
-           "gauge_layers"]
+           "parameter_distance", "loss_barrier", "sample_align", "SampledAlignment"]
 
 ALIGN_METHODS = ("lstsq", "procrustes")
 
@@ -58,40 +56,10 @@ def _w(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(DTYPE)
 
 
-def _check_no_rope(path: str, m: MultiHeadAttention) -> None:
-    """ValueError when the attention layer ``m`` (at ``path``) uses RoPE."""
-    if m.rope:
-        raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
-                         "commutant of the rotations (chapter 5), but this needs the full "
-                         "GL(d_head) QK group: use a model without RoPE")
-
-
-def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
-    r"""The attention layers of ``model`` with their paths, checked so that the attention gauge
-    group (``GL(d_k) x GL(d_v)`` per key/value group, head permutations) keeps ``model``'s
-    function: TypeError when there is none, ValueError for a layer with RoPE (its QK group is
-    smaller, chapter 5) or a model with symmetry-breaking biases (``W_Q -> W_Q M`` does not move
-    them, chapter 16). :func:`align_gpt`, :func:`sample_align` and
-    :func:`~gaugebook.sharpness.minimise_over_orbit` refuse models through it."""
-    layers = attention_modules(model)
-    if not layers:
-        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
-    for path, m in layers:
-        _check_no_rope(path, m)
-    breaking = [path or type(m).__name__ for path, m in model.named_modules()
-                if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
-    if breaking:
-        raise ValueError(f"{type(model).__name__} has symmetry-breaking biases ({breaking[0]}): "
-                         "W_Q -> W_Q M does not move them, so the gauge orbit is not a set of "
-                         "equal-loss points (chapter 16): use a model without them "
-                         "(symmetry_breaking=None)")
-    return layers
-
-
 def _check_attention(m: MultiHeadAttention) -> None:
     if not isinstance(m, MultiHeadAttention):
         raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
-    _check_no_rope("", m)
+    gauge_layers(m)
 
 
 def _check_pair(a: MultiHeadAttention, b: MultiHeadAttention) -> None:
@@ -405,7 +373,8 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     permutation is uniform. As in the source, the identity is not a candidate. Only the attention
     layers' per-head tensors change, so each distance is computed from them and the fixed rest
     (the same number as acting on the whole model; the returned model is the library's action).
-    ``model_b`` must pass :func:`gauge_layers` (no RoPE, no symmetry-breaking biases).
+    ``model_b`` must pass :func:`~gaugebook.gauge.gauge_layers` (no RoPE, no symmetry-breaking
+    biases).
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be positive, got {n_samples}")

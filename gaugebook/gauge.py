@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.checks import check_finite_tensors
 # The rest of a GPT's symmetries are defined and documented in gaugebook.gpt_gauge; they are
 # importable from here as well, where DESIGN.md section 4 promises them (not in __all__, so that
@@ -57,7 +58,8 @@ from gaugebook.rope import check_rotary_dim
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
            "ValueBiasShift", "random_element", "identity", "invariance_error",
-           "rope_commutant_element", "attention_modules", "qk_algebra", "grouped_weights",
+           "rope_commutant_element", "attention_modules", "gauge_layers", "qk_algebra",
+           "grouped_weights",
            "ATTENTION_ALGEBRA"]
 
 
@@ -300,6 +302,32 @@ def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]
     """Every :class:`~gaugebook.attention.MultiHeadAttention` inside ``module`` (itself
     included), with its path."""
     return [(name, m) for name, m in module.named_modules() if isinstance(m, MultiHeadAttention)]
+
+
+def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    r"""The attention layers of ``model`` (:func:`attention_modules`), checked so that the
+    attention gauge group (:math:`\GL(d_k) \times \GL(d_v)` per key/value group, head
+    permutations) keeps ``model``'s function: TypeError when there is none, ValueError for a
+    layer with RoPE (its QK group is only the commutant of the rotations, chapter 5) or a model
+    with symmetry-breaking biases (:math:`W_Q \to W_Q M` does not move them, chapter 16).
+    :func:`~gaugebook.alignment.align_gpt`, :func:`~gaugebook.alignment.sample_align` and
+    :func:`~gaugebook.sharpness.minimise_over_orbit` refuse models through it."""
+    layers = attention_modules(model)
+    if not layers:
+        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
+    for path, m in layers:
+        if m.rope:
+            raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
+                             "commutant of the rotations (chapter 5), but this needs the full "
+                             "GL(d_head) QK group: use a model without RoPE")
+    breaking = [path or type(m).__name__ for path, m in model.named_modules()
+                if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
+    if breaking:
+        raise ValueError(f"{type(model).__name__} has symmetry-breaking biases ({breaking[0]}): "
+                         "W_Q -> W_Q M does not move them, so the gauge orbit is not a set of "
+                         "equal-loss points (chapter 16): use a model without them "
+                         "(symmetry_breaking=None)")
+    return layers
 
 
 def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: bool = False,

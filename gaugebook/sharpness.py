@@ -37,7 +37,7 @@ Key- and value-bias translations are not searched (a key-bias shift is a transla
 refused: their QK group is only the commutant of the rotations (chapter 5). So are models with
 symmetry-breaking biases (chapter 16): ``W_Q -> W_Q M`` does not move the unlearned query bias,
 so the orbit is no longer a set of equal-loss points
-(:func:`~gaugebook.alignment.gauge_layers` checks both).
+(:func:`~gaugebook.gauge.gauge_layers` checks both).
 """
 from __future__ import annotations
 
@@ -51,10 +51,9 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 from torch.func import grad, jvp
 
-from gaugebook.alignment import gauge_layers
 from gaugebook.attention import math_attention
 from gaugebook.checks import check_finite_tensors
-from gaugebook.gauge import GaugeElement, QKTransform, VOTransform
+from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, gauge_layers
 from gaugebook.linalg import DTYPE
 from gaugebook.redundancy import FlatModel
 
