@@ -6,16 +6,16 @@ the other first, by a symmetry that preserves its function exactly, can lower th
 the straight line between them (Entezari et al. 2022; Ainsworth et al. 2023, "weight matching").
 For a :class:`~gaugebook.gpt.GPT` (multi-head attention, no RoPE) the symmetries used are
 
-* **residual features** ``pi in S_D``: permute the ``D`` features of the residual stream in every
-  tensor that reads or writes it (embeddings, LayerNorm gains and biases, the attention and MLP
-  weights). LayerNorm's mean and variance and the tied unembedding ``logits = h W_E^T`` are
-  permutation invariant, so this is exact. (A general rotation is not: LayerNorm's per-feature
-  gains and the tied embedding break it.)
-* **heads** ``S_H`` per layer, matched by :func:`match_heads` on the gauge-invariant circuits
-  ``W_Q W_K^T`` and ``W_V W_O``;
-* **QK and VO matrices** ``GL(d_k) x GL(d_v)`` per head, fitted by :func:`align_factors`, plus
-  the key- and value-bias translations (:func:`align_qk_vo`);
-* **MLP hidden units** ``S_{4D}`` per layer (:func:`align_mlp`).
+* **residual features** :math:`\pi \in S_D`: permute the :math:`D` features of the residual
+  stream in every tensor that reads or writes it (embeddings, LayerNorm gains and biases, the
+  attention and MLP weights). LayerNorm's mean and variance and the tied unembedding
+  :math:`\mathrm{logits} = h W_E^\top` are permutation invariant, so this is exact. (A general
+  rotation is not: LayerNorm's per-feature gains and the tied embedding break it.)
+* **heads** :math:`S_H` per layer, matched by :func:`match_heads` on the gauge-invariant
+  circuits :math:`W_Q W_K^\top` and :math:`W_V W_O`;
+* **QK and VO matrices** :math:`\GL(d_k) \times \GL(d_v)` per head, fitted by
+  :func:`align_factors`, plus the key- and value-bias translations (:func:`align_qk_vo`);
+* **MLP hidden units** :math:`S_{4D}` per layer (:func:`align_mlp`).
 
 Permutations are found with ``scipy.optimize.linear_sum_assignment``. Conventions follow
 :class:`~gaugebook.gauge.HeadPermutation`: a permutation ``perm`` makes unit ``i`` of the result
@@ -78,10 +78,10 @@ def _cosine(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def head_similarity(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> torch.Tensor:
-    r"""``S[i, j] = cos(W_Q^a W_K^{aT}, W_Q^b W_K^{bT}) + cos(W_V^a W_O^a, W_V^b W_O^b)`` for head
-    ``i`` of ``attn_a`` and head ``j`` of ``attn_b``: both circuits (``[D, D]`` each) are invariant
-    under the head's ``GL(d_k) x GL(d_v)``, so ``S`` compares heads modulo that gauge. ``[H, H]``,
-    entries in ``[-2, 2]``."""
+    r""":math:`S_{ij} = \cos(W_Q^a W_K^{a\top}, W_Q^b W_K^{b\top}) + \cos(W_V^a W_O^a, W_V^b W_O^b)`
+    for head :math:`i` of ``attn_a`` and head :math:`j` of ``attn_b``: both circuits (``[D, D]``
+    each) are invariant under the head's :math:`\GL(d_k) \times \GL(d_v)`, so :math:`S` compares
+    heads modulo that gauge. ``[H, H]``, entries in :math:`[-2, 2]`."""
     _check_pair(attn_a, attn_b)
 
     def circuits(m):
@@ -112,29 +112,31 @@ def match_heads(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> torch
 
 
 def _pair_residual(M, X_a, Y_a, X_b, Y_b):
-    """``|X_b M - X_a|^2 + |Y_b M^{-T} - Y_a|^2``."""
+    r""":math:`\|X_b M - X_a\|^2 + \|Y_b M^{-\top} - Y_a\|^2`."""
     return ((X_b @ M - X_a) ** 2).sum() + \
         ((Y_b @ torch.linalg.inv(M).transpose(-1, -2) - Y_a) ** 2).sum()
 
 
 def align_factors(X_a: torch.Tensor, Y_a: torch.Tensor, X_b: torch.Tensor, Y_b: torch.Tensor,
                   *, method: str = "lstsq", max_iter: int = 50) -> torch.Tensor:
-    r"""The ``M`` that best maps the factor pair ``(X_b, Y_b)`` onto ``(X_a, Y_a)`` under the
-    action ``(X, Y) -> (X M, Y M^{-T})``, which preserves ``X Y^T``.
+    r"""The :math:`M` that best maps the factor pair :math:`(X_b, Y_b)` onto :math:`(X_a, Y_a)`
+    under the action :math:`(X, Y) \mapsto (X M, Y M^{-\top})`, which preserves :math:`X Y^\top`.
 
-    ``X [m, k]``, ``Y [n, k]``; returns ``M [k, k]``. Uses: QK (``X = W_Q``, ``Y = W_K``), VO
-    (``X = W_V``, ``Y = W_O^T``), LoRA (``X = B``, ``Y = A^T``).
+    ``X [m, k]``, ``Y [n, k]``; returns ``M [k, k]``. Uses: QK (:math:`X = W_Q`, :math:`Y = W_K`),
+    VO (:math:`X = W_V`, :math:`Y = W_O^\top`), LoRA (:math:`X = B`, :math:`Y = A^\top`).
 
-    * ``"procrustes"``: the orthogonal ``M`` maximising ``<X_b M, X_a> + <Y_b M, Y_a>``
-      (``M^{-T} = M``): ``U V^T`` from the SVD of ``X_b^T X_a + Y_b^T Y_a``. Never
+    * ``"procrustes"``: the orthogonal :math:`M` maximising
+      :math:`\langle X_b M, X_a \rangle + \langle Y_b M, Y_a \rangle` (:math:`M^{-\top} = M`):
+      :math:`U V^\top` from the SVD of :math:`X_b^\top X_a + Y_b^\top Y_a`. Never
       ill-conditioned, but blind to the non-orthogonal part of the gauge.
-    * ``"lstsq"`` (default): the least-squares fit over all of GL(k),
-      ``min_M |X_b M - X_a|^2 + |Y_b M^{-T} - Y_a|^2``. Both terms grow when ``M`` degenerates,
-      so the minimum is well conditioned. Started from the better of the Procrustes solution and
-      the *linearised* fit (multiply the second condition by ``M^T``: the Sylvester equation
-      ``(X_b^T X_b) M + M (Y_a^T Y_a) = X_b^T X_a + Y_b^T Y_a``, exact when
-      ``(X_b, Y_b) = (X_a M_0^{-1}, Y_a M_0^T)``, but ill-conditioned for unrelated factors
-      because it does not penalise a large ``M^{-1}``), then refined by L-BFGS (at most
+    * ``"lstsq"`` (default): the least-squares fit over all of :math:`\GL(k)`,
+      :math:`\min_M \|X_b M - X_a\|^2 + \|Y_b M^{-\top} - Y_a\|^2`. Both terms grow when
+      :math:`M` degenerates, so the minimum is well conditioned. Started from the better of the
+      Procrustes solution and the *linearised* fit (multiply the second condition by
+      :math:`M^\top`: the Sylvester equation
+      :math:`(X_b^\top X_b) M + M (Y_a^\top Y_a) = X_b^\top X_a + Y_b^\top Y_a`, exact when
+      :math:`(X_b, Y_b) = (X_a M_0^{-1}, Y_a M_0^\top)`, but ill-conditioned for unrelated factors
+      because it does not penalise a large :math:`M^{-1}`), then refined by L-BFGS (at most
       ``max_iter`` iterations).
     """
     if method not in ALIGN_METHODS:
@@ -176,11 +178,12 @@ def align_qk_vo(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention, *,
                 method: str = "lstsq", target: str = "") -> GaugeElement:
     r"""A gauge element that moves ``attn_b`` (heads already matched) towards ``attn_a``.
 
-    Per key/value group: ``M`` from :func:`align_factors` on ``X = [W_Q; b_Q]`` (the group's
-    query heads stacked) and ``Y = W_K``, ``N`` on ``X = W_V`` and ``Y = W_O^T`` (the group's
-    output matrices stacked); with biases then the translations that make ``b_K`` and ``b_V``
-    equal to ``attn_a``'s (``b_K`` cancels in the softmax; a ``b_V`` shift is absorbed by
-    ``b_O``). ``b_K`` and ``b_V`` stay out of the fits because the translations reach any value.
+    Per key/value group: :math:`M` from :func:`align_factors` on :math:`X = [W_Q; b_Q]` (the
+    group's query heads stacked) and :math:`Y = W_K`, :math:`N` on :math:`X = W_V` and
+    :math:`Y = W_O^\top` (the group's output matrices stacked); with biases then the translations
+    that make :math:`b_K` and :math:`b_V` equal to ``attn_a``'s (:math:`b_K` cancels in the
+    softmax; a :math:`b_V` shift is absorbed by :math:`b_O`). :math:`b_K` and :math:`b_V` stay
+    out of the fits because the translations reach any value.
     ``target`` is the submodule path the factors act on.
     """
     _check_pair(attn_a, attn_b)
@@ -220,8 +223,8 @@ def _mlp_units(mlp: nn.Module) -> torch.Tensor:
 
 def align_mlp(mlp_a: nn.Module, mlp_b: nn.Module) -> torch.Tensor:
     r"""The hidden-unit permutation of ``mlp_b`` that best matches ``mlp_a`` (weight matching):
-    ``perm`` maximises ``sum_i <u_i^a, u_{perm[i]}^b>`` over the units' weight rows ``u`` (input
-    weights and bias, output weights, PReLU slope)."""
+    ``perm`` :math:`= \pi` maximises :math:`\sum_i \langle u_i^a, u_{\pi(i)}^b \rangle` over the
+    units' weight rows :math:`u` (input weights and bias, output weights, PReLU slope)."""
     U_a, U_b = _mlp_units(mlp_a), _mlp_units(mlp_b)
     if U_a.shape != U_b.shape:
         raise ValueError(f"the two MLPs differ in shape: {tuple(U_a.shape)} vs {tuple(U_b.shape)}")
@@ -247,7 +250,8 @@ def _check_gpt_pair(model_a: GPT, model_b: GPT) -> None:
 
 def match_residual(model_a: GPT, model_b: GPT) -> torch.Tensor:
     r"""The permutation of ``model_b``'s residual features that best matches ``model_a``: it
-    maximises ``sum_W <W^a, pi(W^b)>`` over every tensor with a residual axis (weight matching).
+    maximises :math:`\sum_W \langle W^a, \pi(W^b) \rangle` over every tensor :math:`W` with a
+    residual axis (weight matching).
     Tensors whose other axes are also permuted by a symmetry (heads, QK/VO frames, MLP units)
     only make sense here once those are aligned: :func:`align_gpt` alternates."""
     _check_gpt_pair(model_a, model_b)
@@ -319,13 +323,14 @@ def _parameter_pairs(model_a: nn.Module, model_b: nn.Module):
 
 
 def parameter_distance(model_a: nn.Module, model_b: nn.Module) -> float:
-    """``|theta_a - theta_b|`` (Euclidean, over all parameters, frozen ones included; float64)."""
+    r""":math:`\|\theta_a - \theta_b\|` (Euclidean, over all parameters, frozen ones included;
+    float64)."""
     return sum(((_w(a) - _w(b)) ** 2).sum() for a, b in _parameter_pairs(model_a, model_b)) \
         .sqrt().item()
 
 
 def interpolate(model_a: nn.Module, model_b: nn.Module, t: float) -> nn.Module:
-    """A copy of ``model_a`` with parameters ``(1 - t) theta_a + t theta_b`` (all of them, frozen
+    r"""A copy of ``model_a`` with parameters :math:`(1 - t) \theta_a + t \theta_b` (all, frozen
     ones included; tied weights stay tied; buffers come from ``model_a``)."""
     out = copy.deepcopy(model_a)
     pairs = _parameter_pairs(model_a, model_b)
@@ -336,7 +341,7 @@ def interpolate(model_a: nn.Module, model_b: nn.Module, t: float) -> nn.Module:
 
 
 def loss_barrier(ts: Sequence[float], losses: Sequence[float]) -> float:
-    r"""``max_t [L(t) - ((1 - t) L(0) + t L(1))]`` on a path sampled at ``ts`` (from 0 to 1):
+    r""":math:`\max_t [L(t) - ((1 - t) L(0) + t L(1))]` on a path sampled at ``ts`` (0 to 1):
     the largest rise above the straight line between the end losses (the barrier of Entezari et
     al. 2022; Frankle et al. 2020 subtract the mean of the end losses instead)."""
     ts, losses = torch.as_tensor(ts, dtype=DTYPE), torch.as_tensor(losses, dtype=DTYPE)
@@ -363,9 +368,9 @@ class SampledAlignment:
 
 def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, *,
                  cond: float = 1.0, generator: torch.Generator | None = None) -> SampledAlignment:
-    r"""The source's ``align_models``: draw ``n_samples`` random elements ``tau`` of the attention
-    gauge group ``prod_layers (GL(d_k)^H x GL(d_v)^H) x| S_H`` and keep the ``tau`` minimising
-    ``|theta_a - tau(theta_b)|``.
+    r"""The source's ``align_models``: draw ``n_samples`` random elements :math:`\tau` of the
+    attention gauge group :math:`\prod_\text{layers} (\GL(d_k)^H \times \GL(d_v)^H) \rtimes S_H`
+    and keep the :math:`\tau` minimising :math:`\|\theta_a - \tau(\theta_b)\|`.
 
     The source does not say how to sample a non-compact group; here every QK and VO matrix is
     :func:`~gaugebook.linalg.random_gl` with condition number ``cond`` (``cond=1``: Haar

@@ -1,21 +1,26 @@
 r"""Breaking the attention gauge with unlearned, resampled biases (Silverstein, Kunin, Shyam 2026).
 
-The protocol adds fixed-distribution biases to the queries and values of every attention layer::
+The protocol adds fixed-distribution biases to the queries and values of every attention layer:
 
-    q = x W_Q + b_Q,   b_Q ~ N(0.5, diag(sigma^2)),  sigma = linspace(0.05, 0.15, d_head)
-    v = x W_V + b_V,   b_V ~ N(mu_V, 0.05^2 I),      mu_V in {0, 0.5}
+.. math::
+
+    q &= x W_Q + b_Q, \quad b_Q \sim \mathcal{N}(0.5, \operatorname{diag}(\sigma^2)), \quad
+    \sigma = \operatorname{linspace}(0.05, 0.15, d_\text{head}), \\
+    v &= x W_V + b_V, \quad b_V \sim \mathcal{N}(\mu_V, 0.05^2 I), \quad \mu_V \in \{0, 0.5\}.
 
 The biases are buffers, not parameters: nothing learns them. In training mode each layer draws
-one ``b_Q [d_head]`` (and ``b_V [d_value]``) per forward pass, shared by all heads of the layer;
-in eval mode the means are used.
+one :math:`b_Q` ``[d_head]`` (and :math:`b_V` ``[d_value]``) per forward pass, shared by all
+heads of the layer; in eval mode the means are used.
 
-Why unlearned and resampled? With ``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}`` the scores change by
-``b_Q (M^{-1} - I) W_K^T x^T`` unless ``b_Q M = b_Q``:
+Why unlearned and resampled? With :math:`W_Q \to W_Q M`, :math:`W_K \to W_K M^{-\top}` the
+scores change by :math:`b_Q (M^{-1} - I) W_K^\top x^\top` unless :math:`b_Q M = b_Q`:
 
-* a fixed ``b_Q`` leaves only its stabiliser ``{M : b_Q M = b_Q}`` (dimension ``d_head^2 - d_head``);
-* draws ``b_Q^{(1)}, ..., b_Q^{(n)}`` that span ``R^{d_head}`` leave nothing of GL(d_head);
-* a *learned* bias ``c_Q`` next to the fixed one absorbs a single draw
-  (``c_Q -> (c_Q + b_Q) M - b_Q``), so only differences between draws break the symmetry.
+* a fixed :math:`b_Q` leaves only its stabiliser :math:`\{M : b_Q M = b_Q\}` (dimension
+  :math:`d_\text{head}^2 - d_\text{head}`);
+* draws :math:`b_Q^{(1)}, \dots, b_Q^{(n)}` that span :math:`\R^{d_\text{head}}` leave nothing of
+  :math:`\GL(d_\text{head})`;
+* a *learned* bias :math:`c_Q` next to the fixed one absorbs a single draw
+  (:math:`c_Q \to (c_Q + b_Q) M - b_Q`), so only differences between draws break the symmetry.
 
 :class:`ShiftedAttention` evaluates one attention layer under a fixed list of draws, so that
 :func:`gaugebook.redundancy.redundancy` can measure these counts and :func:`redundancy_count`
@@ -56,11 +61,12 @@ def check_breaking(mode, mu_v, *, name: str = "mode") -> None:
 class SymmetryBreakingBias(nn.Module):
     """The unlearned query (and value) bias of one attention layer.
 
-    ``forward()`` returns ``(query_shift [d_head], value_shift [d_value] or None)``, to be passed to
-    :meth:`~gaugebook.attention.MultiHeadAttention.forward`; the shapes broadcast over heads, so all heads of the layer
-    share the draw. Sampling uses ``torch.randn`` on the buffers' device and dtype (no Python
-    randomness), which ``torch.compile`` traces without a graph break; :meth:`sample` draws from
-    an explicit generator (the trainer's, outside the compiled model).
+    ``forward()`` returns ``(query_shift [d_head], value_shift [d_value] or None)``, to be passed
+    to :meth:`~gaugebook.attention.MultiHeadAttention.forward`; the shapes broadcast over heads,
+    so all heads of the layer share the draw. Sampling uses ``torch.randn`` on the buffers'
+    device and dtype (no Python randomness), which ``torch.compile`` traces without a graph
+    break; :meth:`sample` draws from an explicit generator (the trainer's, outside the compiled
+    model).
 
     Args:
         d_head: query/key head width, a positive integer.
@@ -87,8 +93,8 @@ class SymmetryBreakingBias(nn.Module):
         return f"mode={self.mode!r}, d_head={self.q_mean.numel()}, mu_v={self.mu_v}"
 
     def sample(self, generator: torch.Generator | None = None):
-        """One draw ``(b_Q [d_head], b_V [d_value] or None)``, from ``generator`` (default:
-        torch's global generator on the buffers' device)."""
+        """One draw :math:`(b_Q, b_V)`, ``b_Q [d_head]`` and ``b_V [d_value]`` or ``None``, from
+        ``generator`` (default: torch's global generator on the buffers' device)."""
         def normal(mean, std):
             z = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
             return mean + std * z
@@ -97,7 +103,8 @@ class SymmetryBreakingBias(nn.Module):
         return query, (normal(self.v_mean, self.v_std) if self.mode == "bqv" else None)  # (dv,)
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(b_Q, b_V or None)``: a fresh draw in training mode, the means in eval mode."""
+        """:math:`(b_Q, b_V)`, ``b_V`` ``None`` in ``"bq"`` mode: a fresh draw in training
+        mode, the means in eval mode."""
         if not self.training:  # inference uses the means
             return self.q_mean, (self.v_mean if self.mode == "bqv" else None)
         return self.sample()
@@ -161,28 +168,32 @@ def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
 
 def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: int,
                 r_v: int) -> tuple[int, int]:
-    """``(qk, vo)``: what fixed draws leave of the weight gauge ``GL(d_head) x GL(d_value)`` per
-    key/value group (learned biases not counted), with ``r_q``, ``r_v`` the ranks of the query
-    and value draws (of their differences when learned biases absorb a common shift):
+    r"""``(qk, vo)``: what fixed draws leave of the weight gauge
+    :math:`\GL(d_\text{head}) \times \GL(d_\text{value})` per key/value group (learned biases not
+    counted), with ``r_q``, ``r_v`` the ranks :math:`r_q`, :math:`r_v` of the query and value
+    draws (of their differences when learned biases absorb a common shift):
 
-    * QK: ``{X in gl(d_head) : b X = 0 for every draw b}``, ``n_kv (d_head^2 - d_head r_q)``.
-    * VO: ``n_kv d_value^2`` minus the constraints ``sum_h u Y_{g(h)} W_O[h] = 0`` for each
-      independent draw ``u``: the output shifts ``u W_O`` summed over heads span
-      ``min(n_kv d_value, d_out)`` dimensions per draw, shared by all groups.
+    * QK: :math:`\{X \in \mathfrak{gl}(d_\text{head}) : b X = 0 \text{ for every draw } b\}`,
+      :math:`n_{kv} (d_\text{head}^2 - d_\text{head} r_q)`.
+    * VO: :math:`n_{kv} d_\text{value}^2` minus the constraints
+      :math:`\sum_h u Y_{g(h)} W_O^{(h)} = 0` for each independent draw :math:`u`: the output
+      shifts :math:`u W_O` summed over heads span :math:`\min(n_{kv} d_\text{value}, d_\text{out})`
+      dimensions per draw, shared by all groups.
 
-    Assumes ``d_head, d_value`` at most the input dimension and no RoPE."""
+    Assumes ``d_head``, ``d_value`` at most the input dimension and no RoPE."""
     qk = n_kv_heads * (d_head * d_head - d_head * r_q)
     vo = n_kv_heads * d_value * d_value - r_v * min(n_kv_heads * d_value, d_out)
     return qk, vo
 
 
 def redundancy_count(m: ShiftedAttention) -> int:
-    """Redundancy of attention under fixed draws (no RoPE, ``d_head, d_value <= d_model``).
+    r"""Redundancy of attention under fixed draws (no RoPE,
+    :math:`d_\text{head}, d_\text{value} \le d_\text{model}`).
 
     :func:`drawn_gauge` with ``d_out = d_model``, ``r_q`` the rank of the query draws (of their
     differences when the layer has learned biases) and ``r_v`` likewise for the value draws,
-    plus per key/value group ``d_head`` from a learned ``b_K`` (it still cancels) and ``d_value``
-    from a learned ``b_V`` (absorbed by ``b_O``).
+    plus per key/value group :math:`d_\text{head}` from a learned :math:`b_K` (it still cancels)
+    and :math:`d_\text{value}` from a learned :math:`b_V` (absorbed by :math:`b_O`).
     """
     a = m.attn
     if a.rope:

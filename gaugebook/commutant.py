@@ -1,16 +1,20 @@
-r"""The commutant of a set of matrices: all ``X`` with ``X R = R X`` for every ``R`` in the set.
+r"""The commutant of a set of matrices: all :math:`X` with :math:`X R = R X` for every :math:`R`
+in the set.
 
-With rotary position embeddings a QK transformation ``M`` must commute with every position
-rotation ``R_t`` (chapter 5), so the QK gauge group of a RoPE head is the group of invertible
-elements of the commutant of ``{R_t}``. The commutant is a linear space (indeed an algebra: it
-contains ``I`` and is closed under products), and its invertible elements are an open subset of
-it, so the group and the space have the same dimension.
+With rotary position embeddings a QK transformation :math:`M` must commute with every position
+rotation :math:`R_t` (chapter 5), so the QK gauge group of a RoPE head is the group of invertible
+elements of the commutant of :math:`\{R_t\}`. The commutant is a linear space (indeed an algebra:
+it contains :math:`I` and is closed under products), and its invertible elements are an open
+subset of it, so the group and the space have the same dimension.
 
-We compute it as the null space of the linear map ``X -> (X R_1 - R_1 X, ..., X R_n - R_n X)``.
-With row-major vectorisation, ``vec(X R) = (I kron R^T) vec(X)`` and ``vec(R X) = (R kron I) vec(X)``,
-so the map's matrix is the stack of ``I kron R_i^T - R_i kron I``, of shape ``[n d^2, d^2]``; its
-null space comes from the SVD. A singular value counts as zero when it is at most
-``rtol * s_max`` with ``rtol = max(shape) * eps_float64`` (as in :mod:`gaugebook.redundancy`).
+We compute it as the null space of the linear map
+:math:`X \mapsto (X R_1 - R_1 X, \dots, X R_n - R_n X)`. With row-major vectorisation,
+:math:`\operatorname{vec}(X R) = (I \otimes R^\top) \operatorname{vec}(X)` and
+:math:`\operatorname{vec}(R X) = (R \otimes I) \operatorname{vec}(X)`, so the map's matrix is the
+stack of :math:`I \otimes R_i^\top - R_i \otimes I`, of shape ``[n d^2, d^2]``; its null space
+comes from the SVD. A singular value counts as zero when it is at most
+:math:`\mathrm{rtol} \cdot s_{\max}` with ``rtol = max(shape) * eps_float64`` (as in
+:mod:`gaugebook.redundancy`).
 """
 from __future__ import annotations
 
@@ -40,10 +44,11 @@ class Commutant:
 
     @property
     def freedom(self) -> torch.Tensor:
-        """How free each entry is, ``[d, d]``: ``sum_k B_k[i, j]^2`` over the orthonormal basis,
-        the squared length of the unit matrix ``E_ij`` projected onto the commutant: 1 for an
-        entry that varies alone, 1/2 for one tied to another (the ``a I + b J`` of a rotation
-        plane), 0 for an entry that must vanish. The entries sum to the dimension."""
+        r"""How free each entry is, ``[d, d]``: :math:`\sum_k (B_k)_{ij}^2` over the orthonormal
+        basis :math:`B_k`, the squared length of the unit matrix :math:`E_{ij}` projected onto the
+        commutant: 1 for an entry that varies alone, :math:`1/2` for one tied to another (the
+        :math:`a I + b J` of a rotation plane), 0 for an entry that must vanish. The entries sum
+        to the dimension."""
         return (self.basis ** 2).sum(0)
 
     def __str__(self) -> str:
@@ -70,7 +75,9 @@ def _as_stack(matrices) -> torch.Tensor:
 
 
 def commutator_map(matrices) -> torch.Tensor:
-    """The matrix ``[n d^2, d^2]`` of ``vec(X) -> (vec(X R_i - R_i X))_i`` (row-major ``vec``)."""
+    r"""The matrix ``[n d^2, d^2]`` of
+    :math:`\operatorname{vec}(X) \mapsto (\operatorname{vec}(X R_i - R_i X))_i` (row-major
+    :math:`\operatorname{vec}`)."""
     R = _as_stack(matrices)  # (n, d, d)
     n, d = R.shape[0], R.shape[-1]
     eye = torch.eye(d, dtype=DTYPE)
@@ -80,13 +87,14 @@ def commutator_map(matrices) -> torch.Tensor:
 
 
 def commutant(matrices, *, rtol: float | None = None) -> Commutant:
-    """Basis of ``{X in R^{d x d} : X R = R X for all R in matrices}`` (SVD null space).
+    r"""Basis of :math:`\{X \in \R^{d \times d} : X R = R X \text{ for all } R\}`, :math:`R` over
+    ``matrices`` (SVD null space).
 
-    Examples: one rotation plane turning by an angle that is not a multiple of pi has the
-    commutant ``{a I + b J}`` (dimension 2, the complex numbers); the identity, and ``-I`` (a
-    turn by pi), have all of ``gl(d)``. The rank tolerance is relative to ``2 max_i |R_i|_2``,
-    the size of the commutator map unless it vanishes, so that a map that is round-off (``R``
-    equal to ``+-I`` up to rounding) has rank 0.
+    Examples: one rotation plane turning by an angle that is not a multiple of :math:`\pi` has
+    the commutant :math:`\{a I + b J\}` (dimension 2, the complex numbers); the identity, and
+    :math:`-I` (a turn by :math:`\pi`), have all of :math:`\mathfrak{gl}(d)`. The rank tolerance
+    is relative to :math:`2 \max_i \|R_i\|_2`, the size of the commutator map unless it vanishes,
+    so that a map that is round-off (:math:`R` equal to :math:`\pm I` up to rounding) has rank 0.
     """
     R = _as_stack(matrices)
     A = commutator_map(R)

@@ -1,46 +1,49 @@
 r"""Noether charges of the attention gauge and the invariants of gradient flow.
 
-**Hamiltonian dynamics** ``H(theta, p) = |p|^2 / 2 + L(theta)``. ``L`` is invariant under all of
-GL(d_head) x GL(d_value) per head, but the kinetic energy only under the orthogonal subgroup
-(``p`` transforms like ``theta``). For an antisymmetric generator ``A`` the infinitesimal action
-``delta W_Q = W_Q A``, ``delta W_K = W_K A`` (``= -W_K A^T``) has the conserved momentum map
-``<p, delta theta> = <J, A> / 2`` with the *charge*
+**Hamiltonian dynamics** :math:`H(\theta, p) = \|p\|^2 / 2 + L(\theta)`. :math:`L` is invariant
+under all of :math:`\GL(d_\text{head}) \times \GL(d_\text{value})` per head, but the kinetic
+energy only under the orthogonal subgroup (:math:`p` transforms like :math:`\theta`). For an
+antisymmetric generator :math:`A` the infinitesimal action :math:`\delta W_Q = W_Q A`,
+:math:`\delta W_K = W_K A` (:math:`= -W_K A^\top`) has the conserved momentum map
+:math:`\langle p, \delta\theta \rangle = \langle J, A \rangle / 2` with the *charge*
 
 .. math::  J_{QK} = W_Q^T P_Q - P_Q^T W_Q + W_K^T P_K - P_K^T W_K \quad (d_k \times d_k),
 
-and for ``delta W_V = W_V B``, ``delta W_O = -B W_O``
+and for :math:`\delta W_V = W_V B`, :math:`\delta W_O = -B W_O`
 
 .. math::  J_{VO} = W_V^T P_V - P_V^T W_V - (P_O W_O^T - W_O P_O^T) \quad (d_v \times d_v).
 
-Both are conserved exactly by leapfrog and by symplectic Euler (each kick moves ``p`` along
-``grad L``, orthogonal to the orbit; each drift adds ``J(p, p) = 0``); explicit Euler changes them
-by ``-h^2 J(p, grad L)`` per step.
+Both are conserved exactly by leapfrog and by symplectic Euler (each kick moves :math:`p` along
+:math:`\nabla L`, orthogonal to the orbit; each drift adds :math:`J(p, p) = 0`); explicit Euler
+changes them by :math:`-h^2 J(p, \nabla L)` per step.
 
-**Gradient flow** ``dtheta/dt = -grad L`` conserves, for the whole GL group,
+**Gradient flow** :math:`d\theta/dt = -\nabla L` conserves, for the whole :math:`\GL` group,
 
 .. math::  C_{QK} = W_Q^T W_Q - W_K^T W_K, \qquad C_{VO} = W_V^T W_V - W_O W_O^T,
 
-because invariance gives ``W_Q^T G_Q = G_K^T W_K`` and ``W_V^T G_V = G_O W_O^T`` at every
-point; a gradient-descent step of size ``lr`` changes them by ``O(lr^2)``.
+because invariance gives :math:`W_Q^\top G_Q = G_K^\top W_K` and
+:math:`W_V^\top G_V = G_O W_O^\top` at every point; a gradient-descent step of size ``lr``
+changes them by :math:`O(\mathrm{lr}^2)`.
 
 Conventions: learned biases that transform with the weights enter in augmented form,
-``W~_Q = [W_Q; b_Q]`` (``[D + 1, d_k]``), likewise ``b_K`` and ``b_V``. Under GQA the query heads
-of a key/value group share one group element, so their terms add up into one charge per group.
-With RoPE only the commutant of the rotations survives (per plane ``a I + b J``); the model-level
+:math:`\tilde W_Q = [W_Q; b_Q]` (``[D + 1, d_k]``), likewise :math:`b_K` and :math:`b_V`. Under
+GQA the query heads of a key/value group share one group element, so their terms add up into one
+charge per group. With RoPE only the commutant of the rotations survives (per plane
+:math:`a I + b J`); the model-level
 functions then return the orthogonal projection onto that subalgebra. The model-level functions
 derive both from the gauge action itself (:func:`gaugebook.lie.momentum_map`: the momentum
 dotted with every generator); the closed forms below are for factor matrices on their own.
-Unlearned symmetry-breaking biases are not part of the state: with a fixed query bias ``b`` only ``P J P`` with
-``P = I - b^T b / |b|^2`` is conserved (the stabiliser of ``b``).
-A learned ``b_Q`` next to a fixed shift ``s`` absorbs it: the symmetry survives with the row
-``b_Q + s`` in place of ``b_Q``.
+Unlearned symmetry-breaking biases are not part of the state: with a fixed query bias :math:`b`
+only :math:`P J P` with :math:`P = I - b^\top b / \|b\|^2` is conserved (the stabiliser of
+:math:`b`). A learned :math:`b_Q` next to a fixed shift :math:`s` absorbs it: the symmetry
+survives with the row :math:`b_Q + s` in place of :math:`b_Q`.
 
-**ECD.** Its unit-speed velocity ``v`` drifts as ``theta += dt v`` (adding ``J(v, v) = 0``) and
-is kicked as ``v -> normalise(v - k g_perp)`` with ``g_perp = g - (g.v) v``; since ``g`` is
-orthogonal to every orbit this multiplies ``J(theta, v)`` by one common scalar
-``(1 + k g.v) / |v - k g_perp|`` for all heads, layers and generators (with the global projection
-and no chaos term). Ratios of charges are therefore conserved; in the continuum
-``J(theta, v) (F - F_0)^{-(eta/2) d/(d-1)}`` is.
+**ECD.** Its unit-speed velocity :math:`v` drifts as :math:`\theta \mathrel{+}= dt\, v` (adding
+:math:`J(v, v) = 0`) and is kicked as :math:`v \to \operatorname{normalise}(v - k g_\perp)` with
+:math:`g_\perp = g - (g \cdot v) v`; since :math:`g` is orthogonal to every orbit this multiplies
+:math:`J(\theta, v)` by one common scalar :math:`(1 + k\, g \cdot v) / \|v - k g_\perp\|` for all
+heads, layers and generators (with the global projection and no chaos term). Ratios of charges
+are therefore conserved; in the continuum :math:`J(\theta, v) (F - F_0)^{-(\eta/2) d/(d-1)}` is.
 """
 from __future__ import annotations
 
@@ -64,30 +67,33 @@ def _T(x: torch.Tensor) -> torch.Tensor:
 
 
 def antisym(X: torch.Tensor) -> torch.Tensor:
-    """``X - X^T`` over the last two dimensions."""
+    r""":math:`X - X^\top` over the last two dimensions."""
     return X - _T(X)
 
 
 def qk_charge(W_Q, W_K, P_Q, P_K) -> torch.Tensor:
-    """``J_QK = antisym(W_Q^T P_Q + W_K^T P_K)`` for ``W_Q, P_Q [..., D, dk]``, ``W_K, P_K
-    [..., D, dk]`` (augmented rows for biases allowed): the momentum map of O(dk) acting as
-    ``W_Q -> W_Q R``, ``W_K -> W_K R``."""
+    r""":math:`J_{QK} = \operatorname{antisym}(W_Q^\top P_Q + W_K^\top P_K)` for
+    ``W_Q, P_Q [..., D, dk]``, ``W_K, P_K [..., D, dk]`` (augmented rows for biases allowed): the
+    momentum map of :math:`\O(d_k)` acting as :math:`W_Q \to W_Q R`, :math:`W_K \to W_K R`."""
     return antisym(_T(W_Q) @ P_Q + _T(W_K) @ P_K)
 
 
 def vo_charge(W_V, W_O, P_V, P_O) -> torch.Tensor:
-    """``J_VO = antisym(W_V^T P_V - P_O W_O^T)`` for ``W_V, P_V [..., D, dv]``, ``W_O, P_O
-    [..., dv, D]``: the momentum map of O(dv) acting as ``W_V -> W_V R``, ``W_O -> R^T W_O``."""
+    r""":math:`J_{VO} = \operatorname{antisym}(W_V^\top P_V - P_O W_O^\top)` for
+    ``W_V, P_V [..., D, dv]``, ``W_O, P_O [..., dv, D]``: the momentum map of :math:`\O(d_v)`
+    acting as :math:`W_V \to W_V R`, :math:`W_O \to R^\top W_O`."""
     return antisym(_T(W_V) @ P_V - P_O @ _T(W_O))
 
 
 def qk_flow_invariant(W_Q, W_K) -> torch.Tensor:
-    """``W_Q^T W_Q - W_K^T W_K``: conserved by gradient flow for the GL(dk) symmetry."""
+    r""":math:`W_Q^\top W_Q - W_K^\top W_K`: conserved by gradient flow for the :math:`\GL(d_k)`
+    symmetry."""
     return _T(W_Q) @ W_Q - _T(W_K) @ W_K
 
 
 def vo_flow_invariant(W_V, W_O) -> torch.Tensor:
-    """``W_V^T W_V - W_O W_O^T``: conserved by gradient flow for the GL(dv) symmetry."""
+    r""":math:`W_V^\top W_V - W_O W_O^\top`: conserved by gradient flow for the :math:`\GL(d_v)`
+    symmetry."""
     return _T(W_V) @ W_V - W_O @ _T(W_O)
 
 
@@ -139,7 +145,8 @@ def _sector(model: nn.Module, path: str, m: MultiHeadAttention, momenta: dict) -
 
 
 def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
-    """Noether charges ``J_QK``, ``J_VO`` per key/value group of every attention layer.
+    r"""Noether charges :math:`J_{QK}`, :math:`J_{VO}` per key/value group of every attention
+    layer.
 
     ``momenta``: tensors shaped like the parameters (momenta, or an optimizer's velocities),
     as a mapping keyed by ``model.named_parameters()`` names or a sequence aligned with
@@ -148,8 +155,9 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
 
     Computed as the momentum dotted with every generator (:func:`gaugebook.lie.momentum_map`
     of :class:`~gaugebook.gauge.QKTransform` and :class:`~gaugebook.gauge.VOTransform`), of
-    which the charge of the orthogonal subgroup is the antisymmetric part: ``J = mu - mu^T``,
-    the closed forms :func:`qk_charge` and :func:`vo_charge` on the augmented weights.
+    which the charge of the orthogonal subgroup is the antisymmetric part:
+    :math:`J = \mu - \mu^\top`, the closed forms :func:`qk_charge` and :func:`vo_charge` on the
+    augmented weights.
     """
     p = _as_named(model, momenta)
     result = {}
@@ -166,9 +174,9 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
 
 
 def largest_norms(by_layer: Mapping[str, Sectors]) -> tuple[float, float]:
-    """The largest Frobenius norms ``(max |QK|, max |VO|)`` over every layer and key/value group
-    of what :func:`charges` or :func:`flow_invariants` returns: how far from zero a charge is,
-    or how unbalanced the worst head is, in one pair of numbers."""
+    r"""The largest Frobenius norms :math:`(\max \|QK\|, \max \|VO\|)` over every layer and
+    key/value group of what :func:`charges` or :func:`flow_invariants` returns: how far from
+    zero a charge is, or how unbalanced the worst head is, in one pair of numbers."""
     if not by_layer:
         raise ValueError("no attention layers: by_layer is empty")
     return (max(s.qk_norm.max().item() for s in by_layer.values()),
@@ -176,8 +184,10 @@ def largest_norms(by_layer: Mapping[str, Sectors]) -> tuple[float, float]:
 
 
 def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
-    """Gradient-flow invariants ``C_QK = sum_h W~_Q[h]^T W~_Q[h] - W~_K^T W~_K`` and
-    ``C_VO = W~_V^T W~_V - sum_h W_O[h] W_O[h]^T`` per key/value group of every attention layer
-    (sums over the query heads of the group): the momentum maps at ``p = theta``."""
+    r"""Gradient-flow invariants
+    :math:`C_{QK} = \sum_h \tilde W_Q^{(h)\top} \tilde W_Q^{(h)} - \tilde W_K^\top \tilde W_K` and
+    :math:`C_{VO} = \tilde W_V^\top \tilde W_V - \sum_h W_O^{(h)} W_O^{(h)\top}` per key/value group
+    of every attention layer (sums over the query heads of the group): the momentum maps at
+    :math:`p = \theta`."""
     return {path: _sector(model, path, m, float64_parameters(m))
             for path, m in attention_modules(model)}

@@ -1,41 +1,45 @@
 r"""Hessian-based sharpness, and its minimum over a gauge orbit (chapter 9).
 
-A loss is handled as a function ``f(theta)`` of the flat float64 parameter vector
+A loss is handled as a function :math:`f(\theta)` of the flat float64 parameter vector
 (:class:`FlatLoss` builds one from a model). From it:
 
-* :func:`hessian_vector_product` ``H v`` by forward-over-reverse differentiation,
-  ``jvp(grad f)(theta; v)`` (:mod:`torch.func`), never forming ``H``;
-* :func:`top_eigenvalue`: the eigenvalue of ``H`` of largest magnitude by power iteration on
-  ``v -> H v / |H v|`` (at a minimum, where ``H`` is positive semi-definite, the largest one;
-  where ``H`` is indefinite it may be the most negative one);
-* :func:`hutchinson_trace`: ``tr H = E[z^T H z]`` for Rademacher probes ``z``;
+* :func:`hessian_vector_product` :math:`H v` by forward-over-reverse differentiation,
+  ``jvp(grad f)(theta; v)`` (:mod:`torch.func`), never forming :math:`H`;
+* :func:`top_eigenvalue`: the eigenvalue of :math:`H` of largest magnitude by power iteration on
+  :math:`v \mapsto H v / \|H v\|` (at a minimum, where :math:`H` is positive semi-definite, the
+  largest one; where :math:`H` is indefinite it may be the most negative one);
+* :func:`hutchinson_trace`: :math:`\tr H = \mathbb{E}[z^\top H z]` for Rademacher probes
+  :math:`z`;
 * :func:`hessian`: the full matrix (``torch.func.hessian``), for tiny models and tests.
 
 **Sharpness is not a function property.** A gauge transformation acts on the parameters by an
-invertible *linear* map ``A`` (``W_Q -> W_Q M``, ``W_K -> W_K M^{-T}``, ...) with
-``f(A theta) = f(theta)`` for every ``theta``. Differentiating twice,
+invertible *linear* map :math:`A` (:math:`W_Q \to W_Q M`, :math:`W_K \to W_K M^{-\top}`, ...)
+with :math:`f(A\theta) = f(\theta)` for every :math:`\theta`. Differentiating twice,
 
 .. math::  \nabla^2 f(A\theta) = A^{-\top}\, \nabla^2 f(\theta)\, A^{-1},
 
 a congruence: the spectrum changes although the function does not (Dinh et al. 2017).
 
 **Its minimum over the orbit is.** :func:`minimise_over_orbit` minimises
-``lambda_max(H(g . theta))`` over the QK and VO matrices of every attention layer. Two facts
-shrink the search. (1) Orthogonal ``M, N`` and head permutations make ``A`` orthogonal, so they
-leave the spectrum unchanged; by the polar decomposition ``M = P Q`` (``P`` symmetric positive
-definite, ``Q`` orthogonal, ``Q`` applied last) the sharpness depends on ``M`` only through ``P``,
-and since ``M_0 P^2 M_0^T`` runs over all positive definite matrices when ``P`` does, searching
-``P = exp(S)``, ``S`` symmetric, from *any* point ``M_0 . theta`` of the orbit reaches every value
-the orbit offers. (2) For symmetric positive definite ``P, N`` the map ``A`` is self-adjoint, so
-``H(g . theta) = A^{-1} H_0 A^{-1}`` with ``H_0`` the Hessian at the starting point: every
-Hessian-vector product is taken at one fixed point and the gradient of
-``lambda = w^T H_0 w`` (``w = A^{-1} v``, ``v`` the top unit eigenvector, Hellmann-Feynman) with
-respect to ``S`` is ``2 (H_0 w)^T dw/dS``, with no third derivatives.
+:math:`\lambda_{\max}(H(g \cdot \theta))` over the QK and VO matrices of every attention layer.
+Two facts shrink the search. (1) Orthogonal :math:`M, N` and head permutations make :math:`A`
+orthogonal, so they leave the spectrum unchanged; by the polar decomposition :math:`M = P Q`
+(:math:`P` symmetric positive definite, :math:`Q` orthogonal, :math:`Q` applied last) the
+sharpness depends on :math:`M` only through :math:`P`, and since :math:`M_0 P^2 M_0^\top` runs
+over all positive definite matrices when :math:`P` does, searching :math:`P = \exp(S)`, :math:`S`
+symmetric, from *any* point :math:`M_0 \cdot \theta` of the orbit reaches every value the orbit
+offers. (2) For symmetric positive definite :math:`P, N` the map :math:`A` is self-adjoint, so
+:math:`H(g \cdot \theta) = A^{-1} H_0 A^{-1}` with :math:`H_0` the Hessian at the starting
+point: every Hessian-vector product is taken at one fixed point and the gradient of
+:math:`\lambda = w^\top H_0 w` (:math:`w = A^{-1} v`, :math:`v` the top unit eigenvector,
+Hellmann-Feynman) with respect to :math:`S` is :math:`2 (H_0 w)^\top \partial w / \partial S`,
+with no third derivatives.
 
 Key- and value-bias translations are not searched (a key-bias shift is a translation along which
-``f`` is constant, so it does not change ``H`` at all; the value-bias shift does). RoPE layers are
-refused: their QK group is only the commutant of the rotations (chapter 5). So are models with
-symmetry-breaking biases (chapter 16): ``W_Q -> W_Q M`` does not move the unlearned query bias,
+:math:`f` is constant, so it does not change :math:`H` at all; the value-bias shift does). RoPE
+layers are refused: their QK group is only the commutant of the rotations (chapter 5). So are
+models with symmetry-breaking biases (chapter 16): :math:`W_Q \to W_Q M` does not move the
+unlearned query bias,
 so the orbit is no longer a set of equal-loss points
 (:func:`~gaugebook.gauge.gauge_layers` checks both).
 """
@@ -62,12 +66,13 @@ __all__ = ["FlatLoss", "hessian_vector_product", "hessian", "top_eigenvalue", "T
 
 
 class FlatLoss(FlatModel):
-    """``f(theta) = loss(model(*inputs))`` as a function of the flat float64 parameter vector.
+    r""":math:`f(\theta)` = ``loss(model(*inputs))`` as a function of the flat float64 parameter
+    vector :math:`\theta`.
 
     ``model`` is deep-copied and cast to float64 (inputs too, where floating point); ``loss``
     maps the model's output (a tensor, or the tuple a :class:`~gaugebook.gpt.GPT` returns) to a
     scalar. ``theta`` holds the model's trainable parameters in ``named_parameters`` order. The
-    copy is in eval mode (:class:`~gaugebook.redundancy.FlatModel`), so ``f`` is deterministic:
+    copy is in eval mode (:class:`~gaugebook.redundancy.FlatModel`), so :math:`f` is deterministic:
     no dropout, no resampled biases.
     """
 
@@ -83,20 +88,22 @@ class FlatLoss(FlatModel):
 
 
 def hessian_vector_product(f: Callable, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``H(theta) v = d/ds grad f(theta + s v)`` at ``s = 0`` (forward over reverse mode)."""
+    r""":math:`H(\theta) v = \frac{d}{ds} \nabla f(\theta + s v)` at :math:`s = 0` (forward over
+    reverse mode)."""
     with math_attention():
         return jvp(grad(f), (theta,), (v,))[1]
 
 
 def hessian(f: Callable, theta: torch.Tensor) -> torch.Tensor:
-    """The full Hessian ``[n, n]`` (``torch.func.hessian``); only for small ``n``."""
+    """The full Hessian ``[n, n]`` (``torch.func.hessian``); only for small :math:`n`."""
     with math_attention():
         return torch.func.hessian(f)(theta)
 
 
 @dataclass(frozen=True)
 class TopEigen:
-    """Result of :func:`top_eigenvalue`: ``H vector ~ value * vector`` with ``|vector| = 1``."""
+    r"""Result of :func:`top_eigenvalue`: :math:`H v \approx \lambda v` with :math:`\|v\| = 1`,
+    :math:`\lambda` = ``value`` and :math:`v` = ``vector``."""
 
     value: float
     vector: torch.Tensor
@@ -123,9 +130,10 @@ def _power_iteration(apply: Callable, v: torch.Tensor, max_iter: int, rtol: floa
 
 def _top_algebraic(apply: Callable, v0: torch.Tensor, rtol: float,
                    max_restarts: int) -> tuple[float, torch.Tensor]:
-    """The largest (algebraic, not absolute) eigenvalue of the symmetric operator ``apply`` and
+    r"""The largest (algebraic, not absolute) eigenvalue of the symmetric operator ``apply`` and
     its unit eigenvector, by Lanczos (ARPACK ``eigsh``, ``which="LA"``) warm-started at ``v0``;
-    converged to ``|H v - lambda v| <= rtol |lambda|`` in at most ``max_restarts`` restarts,
+    converged to :math:`\|H v - \lambda v\| \le \mathrm{rtol}\, |\lambda|` in at most
+    ``max_restarts`` restarts,
     else ``scipy.sparse.linalg.ArpackNoConvergence``."""
     n = v0.numel()
 
@@ -147,7 +155,7 @@ def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rt
     Stops when the Rayleigh quotient changes by at most ``rtol`` (relative) between iterations;
     ``v0`` (``theta``'s shape, finite, non-zero; cast to ``theta``'s dtype and device)
     warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
-    geometric with ratio ``|lambda_2 / lambda_1|``: ``residual`` says how far it got.
+    geometric with ratio :math:`|\lambda_2 / \lambda_1|`: ``residual`` says how far it got.
     """
     if max_iter < 1:
         raise ValueError(f"max_iter must be positive, got {max_iter}")
@@ -174,7 +182,7 @@ def _start_vector(v0, theta: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TraceEstimate:
-    """Result of :func:`hutchinson_trace`: mean of ``z^T H z`` and its standard error."""
+    r"""Result of :func:`hutchinson_trace`: mean of :math:`z^\top H z` and its standard error."""
 
     value: float
     stderr: float
@@ -183,7 +191,8 @@ class TraceEstimate:
 
 def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
                      generator: torch.Generator | None = None) -> TraceEstimate:
-    r"""Hutchinson's estimator ``tr H = E[z^T H z]``, ``z`` with independent entries ``+-1``.
+    r"""Hutchinson's estimator :math:`\tr H = \mathbb{E}[z^\top H z]`, :math:`z` with independent
+    entries :math:`\pm 1`.
 
     Its variance is :math:`2 (\|H\|_F^2 - \sum_i H_{ii}^2) / n`, with :math:`n` = ``n_samples``.
     """
@@ -223,9 +232,10 @@ def _sym(S: torch.Tensor) -> torch.Tensor:
 
 
 def _spd_action(params: dict, model: nn.Module, layers, P_qk: dict, P_vo: dict) -> dict:
-    """``(P, N) . params`` for symmetric positive definite ``P [n_kv, dk, dk]``,
+    r""":math:`(P, N) \cdot` ``params`` for symmetric positive definite ``P [n_kv, dk, dk]``,
     ``N [n_kv, dv, dv]`` per layer: the QK and VO actions of :mod:`gaugebook.gauge` (where
-    ``P^{-T} = P^{-1}``), differentiable, on tensors that may carry leading batch dimensions."""
+    :math:`P^{-\top} = P^{-1}`), differentiable, on tensors that may carry leading batch
+    dimensions."""
     element = GaugeElement(f for path, _ in layers
                            for f in (QKTransform.unchecked(P_qk[path], target=path),
                                      VOTransform.unchecked(P_vo[path], target=path)))
@@ -238,23 +248,26 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
                         generator: torch.Generator | None = None) -> OrbitMinimum:
     r"""Minimise the top Hessian eigenvalue of ``loss(model(*inputs))`` over the gauge orbit.
 
-    Searches ``P = exp(S)``, ``N = exp(S')`` (``S, S'`` symmetric, one per key/value group of
-    every attention layer) with Adam (learning rate ``lr``, cosine-decayed to zero over
-    ``steps``), using ``H(g . theta) = A^{-1} H_0 A^{-1}`` (module docstring). ``method``:
+    Searches :math:`P = \exp(S)`, :math:`N = \exp(S')` (:math:`S, S'` symmetric, one per
+    key/value group of every attention layer) with Adam (learning rate ``lr``, cosine-decayed to
+    zero over ``steps``), using :math:`H(g \cdot \theta) = A^{-1} H_0 A^{-1}` (module docstring).
+    ``method``:
 
-    * ``"dense"``: form ``H_0`` once, then ``A^{-1}`` as a matrix each step, and differentiate
-      ``eigvalsh(A^{-1} H_0 A^{-1})[-1]`` (exact; for up to a few thousand parameters);
+    * ``"dense"``: form :math:`H_0` once, then :math:`A^{-1}` as a matrix each step, and
+      differentiate the top eigenvalue of :math:`A^{-1} H_0 A^{-1}` (``eigvalsh``; exact; for up
+      to a few thousand parameters);
     * ``"hvp"``: Lanczos (``scipy.sparse.linalg.eigsh``, largest algebraic eigenvalue)
       warm-started at the previous step's eigenvector, with Hessian-vector products at the
       starting point, converged to ``rtol`` in at most ``power_iters`` Lanczos restarts per
       step (else ``ArpackNoConvergence``), and the Hellmann-Feynman gradient
-      ``2 (H_0 w)^T dw/dS``, ``w = A^{-1} v``;
+      :math:`2 (H_0 w)^\top \partial w / \partial S`, :math:`w = A^{-1} v`;
     * ``"auto"``: ``"dense"`` when the model has at most ``dense_limit`` parameters.
 
-    The coordinates ``S`` are ill-conditioned when the start is far from balanced (a start
-    ``M_0 . theta`` turns the search into one over ``M_0 P^2 M_0^T``), so the search restarts
-    ``rounds`` times from the best point so far, with ``S = 0`` there. Returns the best point
-    seen; all attention parameters must be trainable (the gauge action changes them all).
+    The coordinates :math:`S` are ill-conditioned when the start is far from balanced (a start
+    :math:`M_0 \cdot \theta` turns the search into one over :math:`M_0 P^2 M_0^\top`), so the
+    search restarts ``rounds`` times from the best point so far, with :math:`S = 0` there.
+    Returns the best point seen; all attention parameters must be trainable (the gauge action
+    changes them all).
     """
     check_finite_tensors(model, *inputs)
     if steps < 1 or rounds < 1 or lr <= 0:
