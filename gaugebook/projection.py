@@ -1,20 +1,22 @@
 r"""Estimating redundancy from random directions in parameter space (source section 12.2).
 
-The source's method: draw ``k`` random directions ``v_1, ..., v_k``, measure how much the output
-changes along each, and read off the redundant dimension. :func:`zero_change_estimate` does this
-literally: the first-order change along ``v`` is ``J v`` (``J`` the Jacobian of the outputs with
-respect to the parameters), and the estimate is ``P * (fraction of directions with J v = 0)``.
-The null space of ``J`` is a proper subspace, of measure zero, so a random direction lies in it with
-probability zero: the estimate is 0 whatever the redundancy.
+The source's method: draw :math:`k` random directions :math:`v_1, \dots, v_k`, measure how much
+the output changes along each, and read off the redundant dimension.
+:func:`zero_change_estimate` does this literally: the first-order change along :math:`v` is
+:math:`J v` (:math:`J` the Jacobian of the outputs with respect to the :math:`P` parameters), and
+the estimate is :math:`P` times the fraction of directions with :math:`J v = 0`. The null space of
+:math:`J` is a proper subspace, of measure zero, so a random direction lies in it with probability
+zero: the estimate is 0 whatever the redundancy.
 
-What random directions *can* do is sketch the Jacobian: ``Y = J Omega`` for a Gaussian
-``Omega [P, k]`` has ``rank(Y) = min(k, rank J)`` with probability one (the range finder of
-randomized SVD, Halko, Martinsson and Tropp 2011). :func:`sketched_rank` computes ``Y`` with ``k``
-forward-mode products. ``rank(Y)`` is always a lower bound on ``rank J`` (so ``P - rank(Y)`` an
-upper bound on the redundancy); once ``rank(Y) < k`` the sketch has saturated and the two are equal.
-Because the redundancy is a small fraction of ``P``, saturation needs ``k > rank J``, nearly ``P``
-products: no cheaper than the exact Jacobian for counting, but any budget ``k`` certifies
-``rank J >= rank(Y)``.
+What random directions *can* do is sketch the Jacobian: :math:`Y = J \Omega` for a Gaussian
+:math:`\Omega \in \R^{P \times k}` has :math:`\rank Y = \min(k, \rank J)` with probability one
+(the range finder of randomized SVD, Halko, Martinsson and Tropp 2011). :func:`sketched_rank`
+computes :math:`Y` with :math:`k` forward-mode products. :math:`\rank Y` is always a lower bound
+on :math:`\rank J` (so :math:`P - \rank Y` an upper bound on the redundancy); once
+:math:`\rank Y < k` the sketch has saturated and the two are equal. Because the redundancy is a
+small fraction of :math:`P`, saturation needs :math:`k > \rank J`, nearly :math:`P` products: no
+cheaper than the exact Jacobian for counting, but any budget :math:`k` certifies
+:math:`\rank J \ge \rank Y`.
 """
 from __future__ import annotations
 
@@ -34,11 +36,12 @@ __all__ = ["ZeroChangeEstimate", "SketchedRank", "directional_changes", "zero_ch
 
 @dataclass(frozen=True)
 class ZeroChangeEstimate:
-    """Result of :func:`zero_change_estimate`: ``estimate = n_params * n_zero / n_directions``."""
+    r"""Result of :func:`zero_change_estimate`: ``estimate`` :math:`= P\, n_\text{zero} / k` for
+    ``n_params`` :math:`P`, ``n_zero`` and ``n_directions`` :math:`k`."""
 
     n_params: int
     n_directions: int
-    changes: torch.Tensor  # [k] ||J v_i|| for unit directions v_i
+    changes: torch.Tensor  # [k] |J v_i| for unit directions v_i
     threshold: float
     n_zero: int
     estimate: float
@@ -46,7 +49,8 @@ class ZeroChangeEstimate:
 
 @dataclass(frozen=True)
 class SketchedRank:
-    """Result of :func:`sketched_rank` for the sketch ``Y = J Omega`` with ``n_columns`` columns."""
+    r"""Result of :func:`sketched_rank` for the sketch :math:`Y = J \Omega` with ``n_columns``
+    columns."""
 
     n_params: int
     n_columns: int
@@ -57,12 +61,13 @@ class SketchedRank:
 
     @property
     def saturated(self) -> bool:
-        """``rank(Y) < k``: then ``rank(Y) = rank(J)`` (with probability one over ``Omega``)."""
+        r""":math:`\rank Y < k`: then :math:`\rank Y = \rank J` (with probability one over
+        :math:`\Omega`)."""
         return self.rank < self.n_columns
 
     @property
     def redundancy_bound(self) -> int:
-        """``P - rank(Y)``: at least the redundancy, equal to it when :attr:`saturated`."""
+        r""":math:`P - \rank Y`: at least the redundancy, equal to it when :attr:`saturated`."""
         return self.n_params - self.rank
 
 
@@ -72,8 +77,9 @@ def _unit_directions(n_params: int, k: int, generator) -> torch.Tensor:
 
 
 def sketch(model: nn.Module, *inputs, directions: torch.Tensor, chunk: int = 128) -> torch.Tensor:
-    """``J V^T [n_outputs, k]`` for ``directions V [k, n_params]``: one forward-mode product
-    (``torch.func.jvp``) per direction, batched ``chunk`` at a time, in float64."""
+    r""":math:`J V^\top` ``[n_outputs, k]`` for ``directions`` :math:`V` ``[k, n_params]``: one
+    forward-mode product (``torch.func.jvp``) per direction, batched ``chunk`` at a time, in
+    float64."""
     return _sketch(*parameter_function(model, *inputs), directions, chunk)
 
 
@@ -97,8 +103,8 @@ def _sketch(output, theta: torch.Tensor, directions: torch.Tensor,
 
 
 def directional_changes(model: nn.Module, *inputs, directions: torch.Tensor) -> torch.Tensor:
-    """``||J v_i|| / ||v_i||`` for each row ``v_i`` of ``directions [k, n_params]``: the first-order
-    output change per unit step along ``v_i``."""
+    r""":math:`\lVert J v_i \rVert / \lVert v_i \rVert` for each row :math:`v_i` of ``directions
+    [k, n_params]``: the first-order output change per unit step along :math:`v_i`."""
     return _changes(*parameter_function(model, *inputs), directions)
 
 
@@ -109,11 +115,12 @@ def _changes(output, theta: torch.Tensor, directions: torch.Tensor) -> torch.Ten
 
 def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: float = 1e-8,
                          generator: torch.Generator | None = None) -> ZeroChangeEstimate:
-    """The source's random-projection estimate, read literally.
+    r"""The source's random-projection estimate, read literally.
 
-    Draws ``n_directions`` Gaussian unit directions, measures ``||J v_i||`` and counts as
-    "redundant" those with ``||J v_i|| <= rtol * max_j ||J v_j||``; the estimate of the redundant
-    dimension is that fraction of ``n_params``. (The source's step "apply a gauge transformation
+    Draws ``n_directions`` Gaussian unit directions, measures :math:`\lVert J v_i \rVert` and
+    counts as "redundant" those with :math:`\lVert J v_i \rVert \le` ``rtol``
+    :math:`\cdot \max_j \lVert J v_j \rVert`; the estimate of the redundant dimension is that
+    fraction of ``n_params``. (The source's step "apply a gauge transformation
     to each direction" has no definite meaning for a random direction and is not done.)
     """
     if n_directions < 1:
@@ -129,11 +136,14 @@ def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: flo
 
 def sketched_rank(model: nn.Module, *inputs, n_columns: int, rtol: float | None = None,
                   generator: torch.Generator | None = None, chunk: int = 128) -> SketchedRank:
-    """Numerical rank of ``Y = J Omega`` for a Gaussian ``Omega [n_params, n_columns]``.
+    r"""Numerical rank of :math:`Y = J \Omega` for a Gaussian :math:`\Omega` ``[n_params,
+    n_columns]``.
 
-    Tolerance as in :func:`gaugebook.redundancy.redundancy`: singular values of ``Y`` at most
-    ``rtol * s_max`` with ``rtol = max(Y.shape) * eps_float64`` count as zero; ``gap`` is the ratio
-    of the last kept to the first dropped singular value (infinite when none is dropped).
+    Tolerance as in :func:`gaugebook.redundancy.redundancy`: singular values of :math:`Y` at most
+    ``rtol`` :math:`\cdot s_{\max}`, with ``rtol`` :math:`= \max(m, k)\, \epsilon` for
+    :math:`Y` of shape :math:`m \times k` and :math:`\epsilon` the float64 machine epsilon,
+    count as zero; ``gap`` is the ratio of the last kept to the first dropped singular value
+    (infinite when none is dropped).
     """
     if n_columns < 1:
         raise ValueError(f"n_columns must be a positive integer, got {n_columns}")
