@@ -31,12 +31,16 @@ from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Tab
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
            "recorded_paper_arms", "paper_runs", "seed_band", "path_ratio", "ROW_LABELS",
            "band_panels", "paired_deltas", "delta_panels", "decision_table", "sweep_statistics",
-           "best_rates", "sweep_panels"]
+           "best_rates", "sweep_panels", "SYMMETRY_COLOR", "SYMMETRY_MARKER"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
 RECORDED_PRESETS = {"paper": PAPER_RESULTS, "paper-cpu": "results/cpu/paper-cpu"}
+#: Each symmetry's colour in the figures of Part II.
 SYMMETRY_COLOR = {"symmetric": PALETTE[0], "bq": PALETTE[1], "bqv": PALETTE[3]}
+#: Each symmetry's marker: it tells ``bq`` from ``bqv`` where red-green colour blindness
+#: merges their orange and vermilion.
+SYMMETRY_MARKER = {"symmetric": "o", "bq": "^", "bqv": "s"}
 
 
 def reduced_paper_configs(steps: int = 60, eval_every: int = 10) -> list:
