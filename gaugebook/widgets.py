@@ -87,7 +87,7 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
 
     ``errors`` maps a dtype name to a ``[n_seeds, len(conds)]`` array from
     :func:`invariance_errors`: the median is drawn as markers, the spread over seeds as a band.
-    For each dtype a dashed line ``C c eps`` is drawn (``C`` from ``constants``, default 1). The
+    For each dtype a dashed line ``C kappa eps`` is drawn (``C`` from ``constants``, default 1). The
     source's bound ``24 eps`` (float64) is absolute; ``output_scale = max|f(theta, x)|`` turns
     it into the relative error ``24 eps / output_scale``, drawn dotted: a point lies above the
     line exactly when its absolute error exceeds ``24 eps``.
@@ -107,22 +107,23 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
         ax.plot(conds, err.median(0).values, "o", color=colour, label=f"{name} (median, range)")
         C = constants.get(name, 1.0)
         ax.plot(conds, C * conds * _eps(name), "--", color=colour,
-                label=f"{C:.2g} c eps, eps = {_eps(name):.1e}")
+                label=f"{C:.2g} κ eps, eps = {_eps(name):.1e}")
     ax.axhline(SOURCE_BOUND * _eps("float64") / output_scale, color="black", linestyle=":",
                label="source: 24 eps / max|Attn| (float64)")
-    ax.set(xscale="log", yscale="log", xlabel="condition number c of the gauge matrices",
+    ax.set(xscale="log", yscale="log", xlabel="condition number κ of the gauge matrices",
            ylabel="relative invariance error")
     ax.legend(fontsize=8, loc="upper left")
     return fig
 
 
 class ConditionExplorer(StaticTwin, widgets.VBox):
-    """Slider for the condition number ``c`` (log scale, ``10^0 .. 10^log10_max``) and a dropdown
-    for the floating-point type; the readout shows the relative invariance error of random gauge
-    elements (``seeds`` of them) at that ``c`` and compares it with ``c eps``, and the absolute
-    error (relative error times ``output_scale = max |f(theta, x)|``) with ``24 eps`` of the
-    selected dtype (the source states its ``24 eps`` bound for float64, ``eps = 2^-52``; judged
-    against that, every float32 run would violate it and the verdict would say nothing).
+    """Slider for the condition number ``kappa`` (log scale, ``10^0 .. 10^log10_max``) and a
+    dropdown for the floating-point type; the readout shows the relative invariance error of
+    random gauge elements (``seeds`` of them) at that ``kappa`` and compares it with
+    ``kappa eps``, and the absolute error (relative error times
+    ``output_scale = max |f(theta, x)|``) with ``24 eps`` of the selected dtype (the source
+    states its ``24 eps`` bound for float64, ``eps = 2^-52``; judged against that, every float32
+    run would violate it and the verdict would say nothing).
 
     Attributes ``cond`` (``FloatLogSlider``), ``dtype`` (``Dropdown``), ``readout`` (``HTML``)
     and ``output_scale``.
@@ -171,11 +172,11 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
         conds = [self.cond.base ** e for e in _slider_grid(self.cond)]
         start = min(conds, key=lambda c: abs(c - self.cond.value))  # the value, to rounding
         return StaticExplorer(
-            [Control("condition c", conds, value=start, labels=[f"{c:.1e}" for c in conds]),
+            [Control("condition κ", conds, value=start, labels=[f"{c:.1e}" for c in conds]),
              Control("dtype", list(DTYPES), value=self.dtype.value, kind="dropdown")],
             self.readout_html,
             alt="Relative invariance error of random gauge elements at a chosen condition "
-                "number and floating-point type, compared with c eps and with 24 eps of that "
+                "number and floating-point type, compared with κ eps and with 24 eps of that "
                 "type (the source's bound, stated for float64).")
 
     def readout_html(self, c: float, name: str) -> str:
@@ -185,9 +186,9 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
         bound, absolute = SOURCE_BOUND * eps, err * self.output_scale
         verdict = "holds" if absolute <= bound else "is violated"
         return (
-            f"<b>c = {c:.1e}, {name}</b>: largest relative invariance error over "
+            f"<b>κ = {c:.1e}, {name}</b>: largest relative invariance error over "
             f"{len(self.seeds)} random gauge elements = <b>{err:.2e}</b> "
-            f"= {err / (c * eps):.2f} &middot; c &middot; eps (eps = {eps:.2e}).<br>"
+            f"= {err / (c * eps):.2f} &middot; κ &middot; eps (eps = {eps:.2e}).<br>"
             f"Absolute error {absolute:.1e} (max |output| = {self.output_scale:.2f}): the "
             f"source's bound with this dtype's eps, 24 eps ({name}) = {bound:.1e}, "
             f"{verdict} here (the source states it for float64).")

@@ -45,10 +45,10 @@ def test_invariance_errors_validate(small):
 def test_condition_explorer_callback_updates_readout(small):
     explorer = ConditionExplorer(*small, seeds=2, cond=1.0, dtype="float64")
     before = _error_in(explorer.readout.value)
-    assert "c = 1.0e+00, float64" in explorer.readout.value
+    assert "κ = 1.0e+00, float64" in explorer.readout.value
     explorer.cond.value = 1e6
     after = _error_in(explorer.readout.value)
-    assert "c = 1.0e+06" in explorer.readout.value
+    assert "κ = 1.0e+06" in explorer.readout.value
     assert after > 100 * before
     expected = invariance_errors(*small, [1e6], dtype="float64", seeds=range(2)).max().item()
     assert after == pytest.approx(expected, rel=1e-2)  # the readout rounds to 3 digits
