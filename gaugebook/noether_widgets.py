@@ -128,8 +128,9 @@ def stabiliser_projection(b: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ChargeDriftGrid:
-    """Relative changes over one leapfrog trajectory per ``(scale, spread)``: ``J``
-    (``|J(T) - J(0)| / |J(0)|``), ``PJP`` (the same for ``P J P``, ``P`` from the mean shift) and
+    r"""Relative changes over one leapfrog trajectory per ``(scale, spread)``: ``J``
+    (:math:`\|J_{QK}(T) - J_{QK}(0)\| / \|J_{QK}(0)\|`), ``PJP`` (the same for
+    :math:`\Pi_b J_{QK} \Pi_b`, :math:`\Pi_b` the projector away from the mean shift) and
     ``weights`` (``|theta(T) - theta(0)| / |theta(0)|``), each ``[len(scales), len(spreads)]``;
     ``time = h * steps``."""
 
@@ -196,8 +197,9 @@ def charge_drift_figure(grid: ChargeDriftGrid) -> Figure:
     floor = 1e-17
     if 0.0 in grid.spreads:
         j = grid.spreads.index(0.0)
-        for key, colour, marker, label in (("J", PALETTE[3], "o", "full charge $J$"),
-                                           ("PJP", PALETTE[0], "s", r"$PJP$ (fixes $\bar b$)")):
+        for key, colour, marker, label in (("J", PALETTE[3], "o", "full charge $J_{QK}$"),
+                                           ("PJP", PALETTE[0], "s",
+                                            r"$\Pi_b J_{QK} \Pi_b$ (fixes $\bar b$)")):
             left.semilogy(grid.scales, getattr(grid, key)[:, j].clamp_min(floor), marker + "-",
                           color=colour, label=label)
         left.set(xlabel=r"scale of a fixed shift $b = s\,\mu$" "\n"
@@ -205,8 +207,8 @@ def charge_drift_figure(grid: ChargeDriftGrid) -> Figure:
                  ylabel=f"relative change after time {grid.time:g}")
         left.legend(fontsize=9)
     i = grid.scales.index(1.0) if 1.0 in grid.scales else len(grid.scales) - 1
-    for key, colour, marker, label in (("J", PALETTE[3], "o", "full charge $J$"),
-                                       ("PJP", PALETTE[0], "s", r"$PJP$")):
+    for key, colour, marker, label in (("J", PALETTE[3], "o", "full charge $J_{QK}$"),
+                                       ("PJP", PALETTE[0], "s", r"$\Pi_b J_{QK} \Pi_b$")):
         right.semilogy(grid.spreads, getattr(grid, key)[i, :].clamp_min(floor), marker + "-",
                        color=colour, label=label)
     right.set(xlabel=f"spread of redrawn shifts\n(scale {grid.scales[i]:g}; 1 = protocol)")
@@ -253,7 +255,8 @@ class ChargeDriftExplorer(StaticTwin, widgets.VBox):
              Control("spread", self.grid.spreads, value=self.spread.value,
                      labels=[f"{w:g}" for w in self.grid.spreads])],
             self.readout_html,
-            alt="Relative change of the charge J and of its stabiliser part PJP along a "
+            alt="Relative change of the charge J_QK and of its stabiliser part "
+                "Pi_b J_QK Pi_b along a "
                 "leapfrog trajectory, for a chosen scale and spread of the query shift.")
 
     def readout_html(self, s: float, w: float) -> str:
@@ -264,6 +267,7 @@ class ChargeDriftExplorer(StaticTwin, widgets.VBox):
         return (
             f"<b>scale {s:g}, spread {w:g}</b> ({kind}), leapfrog for time {self.grid.time:g}: "
             f"the weights moved by <b>{r['weights']:.0%}</b>.<br>"
-            f"Full charge <i>J</i>: relative change <b>{r['J']:.1e}</b>, {_verdict(r['J'])}.<br>"
-            f"Stabiliser part <i>PJP</i>: relative change <b>{r['PJP']:.1e}</b>, "
-            f"{_verdict(r['PJP'])}.")
+            f"Full charge <i>J</i><sub>QK</sub>: relative change <b>{r['J']:.1e}</b>, "
+            f"{_verdict(r['J'])}.<br>"
+            "Stabiliser part <i>&Pi;<sub>b</sub> J<sub>QK</sub> &Pi;<sub>b</sub></i>: "
+            f"relative change <b>{r['PJP']:.1e}</b>, {_verdict(r['PJP'])}.")
