@@ -15,6 +15,7 @@ is the mean :math:`\\bar L(t) = \\frac1S \\sum_s L_s(t)` over the ``S`` seeds to
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import tempfile
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from matplotlib.colors import to_rgba
+from matplotlib.lines import Line2D
 
 from gaugebook.plots import PALETTE
 from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, _rounded,
@@ -38,8 +41,8 @@ PAPER_RESULTS = "results/gpu/paper"
 RECORDED_PRESETS = {"paper": PAPER_RESULTS, "paper-cpu": "results/cpu/paper-cpu"}
 #: Each symmetry's colour in the figures of Part II.
 SYMMETRY_COLOR = {"symmetric": PALETTE[0], "bq": PALETTE[1], "bqv": PALETTE[3]}
-#: Each symmetry's marker: it tells ``bq`` from ``bqv`` where red-green colour blindness
-#: merges their orange and vermilion.
+#: Each symmetry's marker in the figures of Part II, which tells ``bq`` from ``bqv`` where
+#: red-green colour blindness merges their orange and vermilion.
 SYMMETRY_MARKER = {"symmetric": "o", "bq": "^", "bqv": "s"}
 
 
@@ -180,8 +183,11 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
     seed band per symmetry: the mean as a line, min to max shaded. Keys in ``log`` get a log
     axis; a panel whose runs do not record the key (a path for AdamW) says so. A key that is
     zero at every step of every run (no skipped steps) gets a line of text under the grid
-    instead of a row of flat lines. One legend for the whole figure, below the grid (every
-    panel uses the same colours). Returns the figure."""
+    instead of a row of flat lines. Each symmetry has its colour (:data:`SYMMETRY_COLOR`) and
+    its marker (:data:`SYMMETRY_MARKER`, about 8 along each line, staggered between the
+    symmetries); a band's edges are drawn in the full colour, so that a pale band stays
+    visible. One legend for the whole figure, below the grid (every panel uses the same
+    colours and markers). Returns the figure."""
     import matplotlib.pyplot as plt
 
     keys = [keys] if isinstance(keys, str) else list(keys)
@@ -196,7 +202,7 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                              squeeze=False, sharex=True)
     for row, key in zip(axes, keys):
         for ax, arm in zip(row, arms):
-            for symmetry, colour in SYMMETRY_COLOR.items():
+            for k, (symmetry, colour) in enumerate(SYMMETRY_COLOR.items()):
                 chosen = [r for r in runs if r.arm == arm and r.symmetry == symmetry]
                 if not chosen:
                     continue
@@ -208,9 +214,12 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                             color="0.4", transform=ax.transAxes)
                     break
                 ax.plot(band["step"], band["mean"], color=colour,
+                        marker=SYMMETRY_MARKER[symmetry], ms=5,
+                        markevery=_marks(len(band["step"]), k, len(SYMMETRY_COLOR)),
                         label=f"{symmetry} ({len(chosen)} seeds)")
-                ax.fill_between(band["step"], band["min"], band["max"], color=colour,
-                                alpha=0.25, linewidth=0)
+                ax.fill_between(band["step"], band["min"], band["max"],
+                                facecolor=to_rgba(colour, 0.25), edgecolor=colour,
+                                linewidth=0.6)
             if key in log:
                 ax.set_yscale("log")
         row[0].set_ylabel(ROW_LABELS.get(key, key))
@@ -218,24 +227,48 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
         ax.set_title(arm)
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    legend = {}  # label -> handle, over all panels: one legend, not one per panel
-    for ax in axes.flat:
+    labels = ", ".join(ROW_LABELS.get(k, k).replace("\n", " ") for k in zero)
+    _legend_below(fig, _handles(axes), title=title,
+                  note=f"{labels}: 0 at every step of every run" if zero else None)
+    return fig
+
+
+def _marks(n: int, k: int, of: int, per_line: int = 8) -> slice:
+    """Which of ``n`` points of line ``k`` (of ``of`` lines in a panel) carry a marker: about
+    ``per_line``, every ``m``-th from ``k m / of`` on, so that the lines' markers alternate
+    instead of stacking where the lines coincide."""
+    every = max(1, round(n / per_line))
+    return slice(k * every // of, None, every)
+
+
+def _handles(axes) -> dict:
+    """``{label: handle}`` of every labelled artist in the panels ``axes``, each label once."""
+    legend = {}
+    for ax in np.ravel(axes):
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
-    height = fig.get_figheight()
-    note = 0.3 / height if zero else 0  # the bottom 0.3 inch: the line on the zero keys
-    bottom = note + (0.45 / height if legend else 0)  # then 0.45 inch for the legend
-    if legend:
-        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=len(legend),
-                   bbox_to_anchor=(0.5, note))
-    if zero:
-        labels = ", ".join(ROW_LABELS.get(k, k).replace("\n", " ") for k in zero)
-        fig.text(0.5, 0.1 / height, f"{labels}: 0 at every step of every run", ha="center",
-                 color="0.3")
+    return legend
+
+
+def _legend_below(fig, legend: dict, *, ncol: int | None = None, note: str | None = None,
+                  title: str | None = None) -> None:
+    """Lay out ``fig``: one legend for all its panels (``{label: handle}``, in ``ncol`` columns,
+    by default all in one row) centred under the grid, ``note`` a line of grey text under the
+    legend, ``title`` above the grid. The figure grows by the height of the legend and the note,
+    so that the panels keep theirs (``tight_layout`` in the rest)."""
+    below = 0.3 if note else 0.0  # inches: the note
+    box = fig.legend(legend.values(), legend.keys(), loc="lower center",
+                     ncol=ncol or len(legend)) if legend else None
+    extra = below + (box.get_window_extent().height / fig.dpi + 0.1 if box else 0.0)
+    height = fig.get_figheight() + extra
+    fig.set_figheight(height)
+    if box:
+        box.set_bbox_to_anchor((0.5, below / height), transform=fig.transFigure)
+    if note:
+        fig.text(0.5, 0.1 / height, note, ha="center", color="0.3")
     if title:  # above the column titles: tight_layout leaves the top 0.35 inch to it
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / height if title else 1))
-    return fig
+    fig.tight_layout(rect=(0, extra / height, 1, 1 - 0.35 / height if title else 1))
 
 
 def paired_deltas(runs: list[Run], arm: str, symmetry: str,
@@ -256,9 +289,10 @@ def paired_deltas(runs: list[Run], arm: str, symmetry: str,
 def delta_panels(runs: list[Run], *, title: str | None = None):
     """One panel per (arm, broken symmetry) present in ``runs``, ECD's pairs first (the rule
     decides on them) and two to a row: the paired difference :func:`paired_deltas` of the
-    validation loss against step, one line per seed; the rule's threshold (mean
-    :math:`\\Delta` below ``HELPS_BELOW``) dashed and the window of its statistic (the last
-    evaluations) shaded. Returns the figure."""
+    validation loss against step, one line per seed, marked with the broken symmetry's marker
+    (:data:`SYMMETRY_MARKER`); the rule's threshold (mean :math:`\\Delta` below
+    ``HELPS_BELOW``) dashed and the window of its statistic (the last evaluations) shaded. One
+    legend (the seeds' colours) below the panels. Returns the figure."""
     import matplotlib.pyplot as plt
 
     pairs = sorted({(r.arm, r.symmetry) for r in runs if r.symmetry != "symmetric"},
@@ -270,9 +304,10 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.8 * n_cols, 2.7 * n_rows), sharex=True,
                              sharey=True, squeeze=False)
     for ax, (arm, symmetry) in zip(axes.flat, pairs):
-        for (seed, (steps, delta)), colour in zip(paired_deltas(runs, arm, symmetry).items(),
-                                                  PALETTE):
-            ax.plot(steps, delta, color=colour, lw=1, label=f"seed {seed}")
+        deltas = paired_deltas(runs, arm, symmetry)
+        for k, ((seed, (steps, delta)), colour) in enumerate(zip(deltas.items(), PALETTE)):
+            ax.plot(steps, delta, color=colour, lw=1, marker=SYMMETRY_MARKER[symmetry], ms=4,
+                    markevery=_marks(len(steps), k, len(deltas)), label=f"seed {seed}")
         window = steps[-LAST_EVALUATIONS:]
         ax.axvspan(window[0], window[-1], color="0.85", zorder=0)
         ax.axhline(0, color="black", lw=0.8)
@@ -284,10 +319,9 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
         ax.set_ylabel("Δ validation loss")
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    axes[0, 0].legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    seeds = {label: Line2D([], [], color=line.get_color(), lw=1)  # the colours, not the markers
+             for label, line in _handles(axes).items()}
+    _legend_below(fig, seeds, title=title)
     return fig
 
 
@@ -339,11 +373,13 @@ def best_rates(stats: dict[tuple[str, float, str], float],
 def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.6,
                  title: str | None = None):
     """One panel per arm of :func:`sweep_statistics` swept over more than one learning rate:
-    the statistic against the learning rate (log axis), one line per symmetry, and dashed, the
-    best symmetric statistic of each other arm, so that the gap between optimizers at their
-    best reads off the panel. The value axis spans ``span`` above the best statistic; a
-    setting beyond it (one that trained badly or diverged) is a triangle on the upper edge.
-    Returns the figure."""
+    the statistic against the learning rate (log axis), one line per symmetry (its colour and
+    marker, :data:`SYMMETRY_COLOR` and :data:`SYMMETRY_MARKER`), and in grey, the best
+    symmetric statistic of each other arm (each arm in its own line style in every panel), so
+    that the gap between optimizers at their best reads off the panel. The value axis spans
+    ``span`` above the best statistic; a setting beyond it (one that trained badly or
+    diverged) is a large triangle on the upper edge. One legend below the panels. Returns the
+    figure."""
     import matplotlib.pyplot as plt
 
     arms = sorted({a for a, _, _ in stats})
@@ -351,6 +387,7 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     if not swept:
         raise ValueError("no arm was trained at more than one learning rate")
     best = best_rates(stats)
+    styles = dict(zip(best, itertools.cycle(("--", ":", "-."))))  # arm -> line style
     low = min(stats.values())
     top = low + span
     fig, axes = plt.subplots(1, len(swept), figsize=(3.8 * len(swept), 3.0), sharey=True,
@@ -362,21 +399,22 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
             if not points:
                 continue
             rates, values = np.array(points).T
-            ax.plot(rates, np.minimum(values, top), "o-", color=colour, label=symmetry)
+            ax.plot(rates, np.minimum(values, top), "-", marker=SYMMETRY_MARKER[symmetry],
+                    color=colour, label=symmetry)
             beyond = values > top  # side by side on the edge, one symmetry beside the other
             if beyond.any():
                 ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), "^", color=colour,
                         ms=9, clip_on=False)
-        for (other, (_, value)), grey in zip(((a, b) for a, b in best.items() if a != arm),
-                                             ("0.3", "0.55", "0.75")):
-            ax.axhline(value, color=grey, lw=0.8, ls="--", label=f"best {other}, symmetric")
+        for other, (_, value) in best.items():
+            if other != arm:
+                ax.axhline(value, color="0.35", lw=1, ls=styles[other],
+                           label=f"best {other}, symmetric")
         ax.set_xscale("log")
         ax.set_ylim(low - 0.05 * span, top)
         ax.set_xlabel("learning rate")
         ax.set_title(arm)
-        ax.legend(fontsize=7, loc="upper center")
     axes[0, 0].set_ylabel(f"mean of the last {LAST_EVALUATIONS}\nvalidation losses")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    legend = _handles(axes)  # one column the symmetries in their order, one the other arms' best
+    order = [s for s in SYMMETRY_COLOR if s in legend] + sorted(set(legend) - set(SYMMETRY_COLOR))
+    _legend_below(fig, {label: legend[label] for label in order}, ncol=2, title=title)
     return fig

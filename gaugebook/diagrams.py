@@ -15,7 +15,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, Ellipse, FancyArrowPatch, FancyBboxPatch
 
-from gaugebook.plots import PALETTE
+from gaugebook.plots import PALETTE, text_colour
 
 BLUE, ORANGE, GREEN, RED, PINK, SKY = PALETTE[:6]
 GREY = "0.35"
@@ -48,9 +48,10 @@ def _arrow(ax, start, end, color=GREY, rad=0.0, lw=1.3, style="-|>", ls="-"):
 
 
 def _label(ax, x, y, text, color="black", size=9, **kw):
-    """A text label (centred unless told otherwise)."""
+    """A text label (centred unless told otherwise) in ``color`` darkened to text contrast,
+    4.5:1 on white (:func:`~gaugebook.plots.text_colour`; boxes and lines keep the colour)."""
     kw = {"ha": "center", "va": "center", **kw}
-    ax.text(x, y, text, color=color, fontsize=size, **kw)
+    ax.text(x, y, text, color=text_colour(color), fontsize=size, **kw)
 
 
 def _tint(color, amount):
@@ -127,7 +128,7 @@ def head_wiring_diagram() -> Figure:
 
 
 def semidirect_product_diagram(n_heads: int = 3) -> Figure:
-    """:math:`(GL(d_k)^h \\times GL(d_v)^h) \\rtimes S_h`: one :math:`M_i` and one :math:`N_i`
+    """:math:`(\\GL(d_k)^H \\times \\GL(d_v)^H) \\rtimes S_H`: one :math:`M_i` and one :math:`N_i`
     per head slot, and a permutation :math:`\\pi` that moves whole heads between slots,
     carrying their factors with them (chapter 3)."""
     fig, ax = _canvas()
@@ -136,14 +137,14 @@ def semidirect_product_diagram(n_heads: int = 3) -> Figure:
         ax.add_patch(FancyBboxPatch((x - 1.0, 1.5), 2.0, 2.6, boxstyle="round,pad=0.05",
                                     fc="none", ec=GREY, lw=1, ls="--"))
         _label(ax, x, 3.85, f"head {i}", GREY, 10)
-        _box(ax, x, 3.2, rf"$M_{i} \in GL(d_k)$", BLUE, w=1.8, size=9)
-        _box(ax, x, 2.2, rf"$N_{i} \in GL(d_v)$", ORANGE, w=1.8, size=9)
+        _box(ax, x, 3.2, rf"$M_{i} \in \mathrm{{GL}}(d_k)$", BLUE, w=1.8, size=9)
+        _box(ax, x, 2.2, rf"$N_{i} \in \mathrm{{GL}}(d_v)$", ORANGE, w=1.8, size=9)
     for a, b, rad, y in ((0, 1, 0.3, 1.4), (1, 2, 0.3, 1.4), (2, 0, 0.1, 4.25)):
         _arrow(ax, (xs[a] + 0.2, y), (xs[b] - 0.2, y), GREEN, rad=rad)
-    _label(ax, 5.0, 0.6, r"$\pi \in S_h$ moves all four blocks of a head, and its $M$, $N$",
+    _label(ax, 5.0, 0.6, r"$\pi \in S_H$ moves all four blocks of a head, and its $M$, $N$",
            GREEN, 9)
-    _label(ax, 5.0, 5.7, r"$\mathcal{G}_{\max} = (GL(d_k)^h \times GL(d_v)^h)"
-           r" \rtimes S_h$", size=12)
+    _label(ax, 5.0, 5.7, r"$\mathcal{G}_{\max} = (\mathrm{GL}(d_k)^H \times \mathrm{GL}(d_v)^H)"
+           r" \rtimes S_H$", size=12)
     _label(ax, 5.0, 0.15, r"conjugating by $\pi$ relabels the factors: slot $i$ gets"
            r" $M_{\pi(i)}$, $N_{\pi(i)}$", size=9)
     return fig
@@ -177,7 +178,7 @@ def tangent_space_diagram() -> Figure:
 def rope_commutant_diagram(n_planes: int = 3) -> Figure:
     """RoPE's planes: plane :math:`i` pairs coordinates :math:`i` and :math:`i + r/2` and turns
     by :math:`t\\theta_i` at position :math:`t`. What commutes with every rotation is a scaling
-    and a rotation of each plane, :math:`\\rho_i R(\\varphi_i)`: :math:`GL(1,\\mathbb{C})` per
+    and a rotation of each plane, :math:`\\rho_i R(\\varphi_i)`: :math:`\\GL(1,\\mathbb{C})` per
     plane, dimension 2 (for distinct frequencies, none a multiple of :math:`\\pi`; chapter 5)."""
     fig, ax = _canvas()
     xs = np.linspace(1.8, 8.2, n_planes)
@@ -195,7 +196,8 @@ def rope_commutant_diagram(n_planes: int = 3) -> Figure:
     _label(ax, 5.0, 5.75, r"RoPE: $q_t \to q_t R_t$, plane $i$ turns by $t\,\theta_i$,"
            r" $\theta_i = \mathrm{base}^{-2i/r}$", size=10)
     _label(ax, 5.0, 0.55, r"commutant: $M R_\tau = R_\tau M$ for all $\tau$ $\Rightarrow$"
-           r" $GL(1,\mathbb{C})^{d_k/2}$, dimension $d_k$ (not $O(d_k)$)", GREEN, 9)
+           r" $\mathrm{GL}(1,\mathbb{C})^{d_k/2}$, dimension $d_k$ (not $\mathrm{O}(d_k)$)",
+           GREEN, 9)
     return fig
 
 
@@ -212,7 +214,7 @@ def redundancy_terms_diagram(terms: dict[str, int], title: str) -> Figure:
     ax.set_xscale("log")
     ax.set_xlim(0.8, max(values) * 30)
     for i, v in enumerate(values):
-        ax.text(v * 1.15, i, f"{v:,} ({v / total:.1%})", va="center", fontsize=8)
+        ax.text(v * 1.15, i, f"{v:,} ({v / total:.1%})", va="center", fontsize=9)
     ax.set_xlabel("redundant directions (log scale)")
     ax.set_title(f"{title}: {total:,} in all", fontsize=10)
     ax.grid(False)
@@ -238,7 +240,7 @@ def gqa_diagram(n_heads: int = 6, n_kv_heads: int = 2) -> Figure:
         _box(ax, x, 3.7, rf"$W_Q^{{({i})}}$" "\n" rf"$W_O^{{({i})}}$", PALETTE[j % 6],
              w=1.0, h=1.0, size=9)
         _arrow(ax, (x, 3.15), (kx[j], 1.8), PALETTE[j % 6], lw=1)
-    _label(ax, 5.0, 5.85, rf"$h = {n_heads}$ query heads, $n_{{kv}} = {n_kv_heads}$ groups"
+    _label(ax, 5.0, 5.85, rf"$H = {n_heads}$ query heads, $n_{{kv}} = {n_kv_heads}$ groups"
            rf" of $g = {g}$", size=10)
     _label(ax, 5.0, 5.15, r"$W_Q^{(i)} \to W_Q^{(i)} M_j$, $W_K^{(j)} \to W_K^{(j)}M_j^{-\top}$,"
            r" $W_V^{(j)} \to W_V^{(j)} N_j$, $W_O^{(i)} \to N_j^{-1}W_O^{(i)}$", size=9)
@@ -322,8 +324,8 @@ def connections_diagram() -> Figure:
     bottleneck), each with what is and is not invariant along the orbit."""
     fig, ax = _canvas()
     _box(ax, 5.0, 3.1, "gauge orbit\n" r"$\mathcal{G}\cdot\theta$", ORANGE, w=2.1, h=1.0)
-    spokes = ((1.9, 5.3, "NTK\n" r"$K$ changes under $GL$," "\n" "not under orthogonal $g$",
-               BLUE),
+    spokes = ((1.9, 5.3, "NTK\n" r"$K$ changes under $\mathrm{GL}$," "\n"
+               "not under orthogonal $g$", BLUE),
               (8.1, 5.3, "spectral norms\n" r"$\|W_Q\|$ changes," "\n"
                r"$\|W_QW_K^\top\|$ does not", GREEN),
               (5.0, 0.75, "information bottleneck\nthe source's formula is not\n"
@@ -362,28 +364,28 @@ def group_map_diagram() -> Figure:
     it, its dimension (or order, for a discrete factor) and the book's verdict on the source
     (confirmed, corrected, missing in the source, outside the group, open), with the chapters
     that hold the evidence."""
-    rows = [(r"QK: $M_i \in GL(d_k)$, $W_QM$, $W_KM^{-\top}$", "MHA", r"$h\,d_k^2$",
-             r"corrected: $W_KM^{-\top}$, not $W_KM$ (ch. 2-3)"),
-            (r"VO: $N_i \in GL(d_v)$, $W_VN$, $N^{-1}W_O$", "MHA", r"$h\,d_v^2$",
-             "confirmed (ch. 3-4)"),
-            (r"head permutations $S_h$", "MHA", r"$h!$ elements",
+    rows = [(r"QK: $M_i \in \mathrm{GL}(d_k)$," "\n" r"$W_QM$, $W_KM^{-\top}$", "MHA",
+             r"$H\,d_k^2$", r"corrected: $W_KM^{-\top}$," "\n" r"not $W_KM$ (ch. 2-3)"),
+            (r"VO: $N_i \in \mathrm{GL}(d_v)$," "\n" r"$W_VN$, $N^{-1}W_O$", "MHA",
+             r"$H\,d_v^2$", "confirmed (ch. 3-4)"),
+            (r"head permutations $S_H$", "MHA", r"$H!$ elements",
              "confirmed; whole heads move\n(ch. 3, 10)"),
-            (r"translations $b_K + t$, $b_V + t$", "biases", r"$h(d_k + d_v)$",
+            (r"translations $b_K + t$, $b_V + t$", "biases", r"$H(d_k + d_v)$",
              "missing in the source (ch. 3)"),
-            (r"RoPE commutant $\rho_i R(\varphi_i)$", "RoPE", r"$h\,d_k$ (QK)",
-             r"corrected: commutant, not $O(d_k)$ (ch. 5)"),
+            (r"RoPE commutant $\rho_i R(\varphi_i)$", "RoPE", r"$H\,d_k$ (QK)",
+             "corrected: commutant,\n" r"not $\mathrm{O}(d_k)$ (ch. 5)"),
             (r"one $M_j$, $N_j$ per KV group", "GQA, MQA", r"$n_{kv}(d_k^2 + d_v^2)$",
              "corrected: one $M_j$ per KV group;\n"
              r"$S_g \wr S_{n_{kv}}$ (ch. 7)"),
-            (r"experts with router columns", "MoE", r"$E!$ elements",
+            ("experts with\nrouter columns", "MoE", r"$E!$ elements",
              "corrected: router columns\nmove too (ch. 8)"),
-            (r"LayerNorm gains, centring, ...", "GPT block", "term by term",
+            ("LayerNorm gains,\ncentring, ...", "GPT block", "term by term",
              "corrected: with readers, not\n"
              r"$\gamma, \beta$ alone (ch. 6)"),
             ("residual-feature and\nMLP-unit permutations", "GPT",
              "$D!\\,((4D)!)^L$\nelements",
              "outside $\\mathcal{G}_{\\max}$; used to\nalign models (ch. 9)"),
-            ("completeness (maximality)", "MHA", "-", "open; checked locally (ch. 4, 10)")]
+            ("completeness (maximality)", "MHA", "-", "open; checked locally\n(ch. 4, 10)")]
     row_in, width = 0.42, 6.4  # inches per row, figure width
     fig = Figure(figsize=(width, row_in * (len(rows) + 1)))
     ax = fig.add_axes((0, 0, 1, 1))
@@ -396,7 +398,7 @@ def group_map_diagram() -> Figure:
         ax.add_patch(FancyBboxPatch((0.005, r - 0.45), 0.99, 0.9, boxstyle="square,pad=0",
                                     fc=_tint(PALETTE[(r - 1) % 6], 0.12), ec="none"))
         for x, text in zip(cols, row):
-            ax.text(x, r, text, fontsize=8, va="center", linespacing=1.1)
+            ax.text(x, r, text, fontsize=9, va="center", linespacing=1.1)
     return fig
 
 
@@ -405,7 +407,7 @@ def noether_charge_diagram() -> Figure:
     r"""Two flows, two conserved quantities (chapter 14). Gradient flow conserves
     :math:`W_Q^\top W_Q - W_K^\top W_K` (the scalings' charge: the flow stays on a
     hyperbola); Hamiltonian dynamics conserves only the rotations' charge, the angular
-    momentum :math:`J` of :math:`(\theta, p)` in the rotation planes."""
+    momentum :math:`J_{QK}` of :math:`(\theta, p)` in the rotation planes."""
     fig, ax = _canvas()
     u = np.linspace(-0.9, 0.9, 100)
     _curve(ax, 0.9 + 1.2 * np.cosh(u), 3.2 + 1.5 * np.sinh(u), BLUE)
@@ -425,7 +427,7 @@ def noether_charge_diagram() -> Figure:
     _arrow(ax, (c[0] - r - 0.25, c[1] + 0.6), (c[0] - r - 0.25, c[1] - 0.6), ORANGE, rad=0.4)
     _label(ax, c[0] - r - 1.25, c[1], r"$e^{sX}$" "\n" r"$X^\top = -X$", ORANGE, 9)
     _label(ax, 7.2, 5.7, "Hamiltonian dynamics", ORANGE, 10)
-    _label(ax, 7.2, 0.7, r"$J$, angular momentum of $(\theta, p)$," "\n"
+    _label(ax, 7.2, 0.7, r"$J_{QK}$, angular momentum of $(\theta, p)$," "\n"
            "conserved: rotations only", ORANGE, 9)
     return fig
 
@@ -469,8 +471,8 @@ def protocol_block_diagram() -> Figure:
     layer and step, shared by the heads, the means at evaluation."""
     fig, ax = _canvas()
     _box(ax, 0.8, 2.9, r"$x$", GREY, w=0.8)
-    rows = ((4.2, r"$xW_Q^h$", r"$q_h$", BLUE), (2.9, r"$xW_K^h$", r"$k_h$", GREY),
-            (1.6, r"$xW_V^h$", r"$v_h$", ORANGE))
+    rows = ((4.2, r"$xW_Q^{(i)}$", r"$q^{(i)}$", BLUE), (2.9, r"$xW_K^{(i)}$", r"$k^{(i)}$", GREY),
+            (1.6, r"$xW_V^{(i)}$", r"$v^{(i)}$", ORANGE))
     for y, lin, out, color in rows:
         _arrow(ax, (1.2, 2.9), (2.15, y))
         _box(ax, 2.9, y, lin, color, w=1.4)

@@ -92,13 +92,32 @@ def _ecd_frame(eta: float, F0: float) -> str:
     ax.set(xlim=(-2, 2), ylim=(-2, 2), aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
            title=rf"$\eta = {eta:g}$, $F_0 = {F0:g}$: final $F = {final:.2f}$")
     return figure_html(fig, alt=f"ECD path on the four-well landscape, eta {eta:g}, F0 {F0:g}, "
-                                f"ending at ({x[-1, 0]:.2f}, {x[-1, 1]:.2f}).")
+                                f"from ({x[0, 0]:.2f}, {x[0, 1]:.2f}) to ({x[-1, 0]:.2f}, "
+                                f"{x[-1, 1]:.2f}): final F = {final:.2f}, "
+                                f"{_multiwell_place(path.x[-1], final)}.")
+
+
+def _multiwell_place(x: torch.Tensor, F: float) -> str:
+    r"""Where the point ``x`` (at height ``F``) of :func:`~gaugebook.landscapes.multiwell` lies:
+    in the well of its quadrant, near :math:`(\pm 1, \pm 1)`, when ``F`` is below both passes
+    to the neighbouring wells (their heights taken at :math:`(0, \pm 1)` and
+    :math:`(\pm 1, 0)`, which the tilt shifts only slightly), else above the passes."""
+    def height(point) -> float:
+        return multiwell(torch.tensor(point, dtype=torch.float64)).item()
+
+    s1, s2 = (1.0 if c >= 0 else -1.0 for c in x.tolist())
+    if F >= min(height([0.0, s2]), height([s1, 0.0])):
+        return "above the passes between the wells"
+    lowest = min(((a, b) for a in (-1.0, 1.0) for b in (-1.0, 1.0)), key=height)
+    return f"in the well near ({s1:+.0f}, {s2:+.0f})" + \
+        (", the lowest of the four" if (s1, s2) == lowest else "")
 
 
 def ecd_explorer() -> StaticExplorer:
     """Sliders for ``eta`` and ``F0``; each frame is the ECD path (:data:`ECD_EXPLORER_PATH`:
     400 steps, lr 0.05, from (1.3, 1.4)) over the contours of
-    :func:`~gaugebook.landscapes.multiwell`."""
+    :func:`~gaugebook.landscapes.multiwell`, its alt text the end point, the final ``F`` and
+    the well the path ends in."""
     return StaticExplorer(
         [Control("eta", [1.0, 2.0, 5.0, 10.0], value=2.0),
          Control("F0", [-1.0, -0.6, -0.3], value=-0.6)],
@@ -119,8 +138,14 @@ def _bias_frame(layer: MultiHeadAttention, x: torch.Tensor, angle: float,
     ax.grid(False)
     ax.set(xlabel="key position $j$", ylabel="query position $t$",
            title=rf"$b$ at {angle:g}°, $|b| = {length:g}$")
+    top = A.argmax(-1)  # each query's most-attended key
+    key = int(top.mode().values)
+    chosen = top == key
+    who = "every query puts" if chosen.all() else \
+        f"{int(chosen.sum())} of the {len(top)} queries put"
     return figure_html(fig, alt=f"Attention pattern under a query shift at {angle:g} degrees "
-                                f"of length {length:g}.")
+                                f"of length {length:g}: {who} the most weight on key {key} "
+                                f"({A[chosen, key].mean().item():.2f} on average).")
 
 
 #: The layer and the sequence of :func:`bias_attention_explorer`.
@@ -131,7 +156,8 @@ def bias_attention_explorer(*, seed: int = 0) -> StaticExplorer:
     """Sliders for the direction (in the plane of the first two query coordinates) and the
     length of a query shift ``b``; the frame is the attention pattern of head 0 of a small
     layer (:data:`BIAS_EXPLORER_LAYER`: ``d_model = 8``, 2 heads of width 4, float64, no
-    causal mask) on one sequence of 10 tokens, drawn from ``seed``."""
+    causal mask) on one sequence of 10 tokens, drawn from ``seed``. Each frame's alt text names
+    the key that most queries attend to most and the weight they put on it."""
     g = torch.Generator().manual_seed(seed)
     D, H, dk, T = BIAS_EXPLORER_LAYER.values()
     layer = MultiHeadAttention(D, H, dk, causal=False, dtype=torch.float64, generator=g)

@@ -8,8 +8,9 @@ the logits, on which the loss depends). :func:`redundancy_terms` gives the count
 :class:`~gaugebook.gpt.GPTConfig` alone, so that GPT-2 small is counted without being built;
 :func:`redundant_directions` builds the tangent vectors of every term for a model at hand.
 
-Notation: ``D`` = n_embd, ``H`` query heads, ``H_kv`` key/value heads in groups of ``G = H / H_kv``,
-head width ``d = D / H``, ``b = 1`` with biases (else 0), ``T`` = block_size, ``L`` layers.
+Notation (that of the chapters): ``D`` = n_embd, ``H`` query heads, :math:`n_{kv}` (``n_kv``)
+key/value heads in groups of :math:`g = H / n_{kv}`, head width ``d = D / H``, ``b = 1`` with
+biases (else 0), ``T`` = block_size, ``L`` layers.
 Every read from the residual stream goes through a LayerNorm ``y = gamma * n + beta`` whose
 normalised ``n`` has mean zero; so, per layer:
 
@@ -21,7 +22,7 @@ normalised ``n`` has mean zero; so, per layer:
 * ``ln_bias``: ``beta -> beta + delta`` with the readers' biases ``b -> b - delta W``: ``b D`` per
   LayerNorm.
 * ``ln_centring``: ``W -> W + (1/gamma) u^T`` (with ``b -> b - (beta . 1/gamma) u``) changes nothing
-  because ``n . 1 = 0``: one direction per column of the readers, ``H d + 2 H_kv d`` after ``ln_1``,
+  because ``n . 1 = 0``: one direction per column of the readers, ``H d + 2 n_kv d`` after ``ln_1``,
   ``4D`` after ``ln_2``.
 * ``residual_centring`` (inside a GPT only): every LayerNorm removes the mean, so what a layer
   writes along ``1`` is invisible: ``W_O[h] -> W_O[h] + e_j 1^T``, ``b_O -> b_O + c 1``, likewise

@@ -31,7 +31,8 @@ from matplotlib.figure import Figure
 __all__ = ["Control", "StaticExplorer", "StaticTwin", "figure_html"]
 
 # The switcher: written once per explorer inside a function scope (no global names, so that two
-# explorers on a page, or a page that loads twice, declare nothing twice).
+# explorers on a page, or a page that loads twice, declare nothing twice). A slider announces the
+# label of its value (aria-valuetext), not its index, and its <output> shows the same label.
 _SCRIPT = """<script>(function () {
   var root = document.getElementById("%s");
   var controls = root.querySelectorAll("[data-gb-control]");
@@ -41,8 +42,10 @@ _SCRIPT = """<script>(function () {
     for (var i = 0; i < controls.length; i++) {
       var c = controls[i];
       key.push(c.value);
-      var out = root.querySelector('output[data-gb-for="' + i + '"]');
-      if (out) { out.textContent = JSON.parse(c.getAttribute("data-gb-labels"))[c.value]; }
+      var label = JSON.parse(c.getAttribute("data-gb-labels"))[c.value];
+      if (c.type === "range") { c.setAttribute("aria-valuetext", label); }
+      var out = root.querySelector('output[for="' + c.id + '"]');
+      if (out) { out.textContent = label; }
     }
     key = key.join(",");
     for (var j = 0; j < frames.length; j++) {
@@ -82,21 +85,24 @@ class Control:
                 return i
         raise ValueError(f"control {self.description!r}: {value!r} is not among its values")
 
-    def html(self, position: int) -> str:
+    def html(self, position: int, uid: str) -> str:
         """The control's HTML (a slider or a dropdown) for the static page, as control
-        ``position``."""
+        ``position`` of the explorer whose ``<div>`` has the id ``uid``: the control's id is
+        ``uid-position``, which a slider's ``<output>`` names (``for``), and a slider's
+        ``aria-valuetext`` is the label of its value."""
         labels = html.escape(json.dumps(self.labels))
-        common = f'data-gb-control="{position}" data-gb-labels="{labels}"'
+        ident = f"{uid}-{position}"
+        common = f'id="{ident}" data-gb-control="{position}" data-gb-labels="{labels}"'
         name = html.escape(self.description)
+        shown = html.escape(self.labels[self.index])
         if self.kind == "dropdown":
             options = "".join(f'<option value="{i}"{" selected" if i == self.index else ""}>'
                               f"{html.escape(label)}</option>"
                               for i, label in enumerate(self.labels))
             return f'<label>{name} <select {common}>{options}</select></label>'
         return (f'<label>{name} <input type="range" min="0" max="{len(self.values) - 1}" '
-                f'step="1" value="{self.index}" {common}></label> '
-                f'<output data-gb-for="{position}">{html.escape(self.labels[self.index])}'
-                f"</output>")
+                f'step="1" value="{self.index}" aria-valuetext="{shown}" {common}></label> '
+                f'<output for="{ident}">{shown}</output>')
 
 
 class StaticExplorer:
@@ -106,7 +112,9 @@ class StaticExplorer:
     values; it is called once for every combination (the grid is precomputed here), so it must
     be cheap or read from a precomputed result. ``alt`` describes the figure for readers who do
     not see it. Displayed in a notebook (``_repr_html_``), the explorer is a ``<div>`` with its
-    controls, every frame (all but the current one hidden) and the inline switcher script.
+    controls, every frame (all but the current one hidden, inside an ``aria-live`` region, so
+    that a screen reader reads the frame a move of a control brings up) and the inline
+    switcher script.
     """
 
     def __init__(self, controls: Sequence[Control], frame: Callable[..., str], *, alt: str):
@@ -125,10 +133,13 @@ class StaticExplorer:
             for key, fragment in self.frames.items())
         # a deterministic id: the same figure gets the same id in every build
         uid = "gb-ix-" + hashlib.sha256(body.encode()).hexdigest()[:12]
-        controls = " ".join(c.html(i) for i, c in enumerate(self.controls))
+        controls = " ".join(c.html(i, uid) for i, c in enumerate(self.controls))
+        # the frames in a live region: a screen reader reads the new frame (its text, or its
+        # image's alt text) when a control moves
         return (f'<div class="gb-interactive" id="{uid}" role="figure" '
                 f'aria-label="{html.escape(self.alt)}">'
-                f'<div class="gb-controls">{controls}</div>{body}</div>' + _SCRIPT % uid)
+                f'<div class="gb-controls">{controls}</div>'
+                f'<div class="gb-frames" aria-live="polite">{body}</div></div>' + _SCRIPT % uid)
 
     @property
     def current(self) -> tuple[int, ...]:

@@ -7,11 +7,16 @@ antisymmetric generator :math:`A` the infinitesimal action :math:`\delta W_Q = W
 :math:`\delta W_K = W_K A` (:math:`= -W_K A^\top`) has the conserved momentum map
 :math:`\langle p, \delta\theta \rangle = \langle J, A \rangle / 2` with the *charge*
 
-.. math::  J_{QK} = W_Q^T P_Q - P_Q^T W_Q + W_K^T P_K - P_K^T W_K \quad (d_k \times d_k),
+.. math::
+
+    J_{QK} = W_Q^\top P_Q - P_Q^\top W_Q + W_K^\top P_K - P_K^\top W_K \quad (d_k \times d_k),
 
 and for :math:`\delta W_V = W_V B`, :math:`\delta W_O = -B W_O`
 
-.. math::  J_{VO} = W_V^T P_V - P_V^T W_V - (P_O W_O^T - W_O P_O^T) \quad (d_v \times d_v).
+.. math::
+
+    J_{VO} = W_V^\top P_V - P_V^\top W_V - (P_O W_O^\top - W_O P_O^\top)
+    \quad (d_v \times d_v).
 
 Both are conserved exactly by leapfrog and by symplectic Euler (each kick moves :math:`p` along
 :math:`\nabla L`, orthogonal to the orbit; each drift adds :math:`J(p, p) = 0`); explicit Euler
@@ -19,7 +24,7 @@ changes them by :math:`-h^2 J(p, \nabla L)` per step.
 
 **Gradient flow** :math:`d\theta/dt = -\nabla L` conserves, for the whole :math:`\GL` group,
 
-.. math::  C_{QK} = W_Q^T W_Q - W_K^T W_K, \qquad C_{VO} = W_V^T W_V - W_O W_O^T,
+.. math::  C_{QK} = W_Q^\top W_Q - W_K^\top W_K, \qquad C_{VO} = W_V^\top W_V - W_O W_O^\top,
 
 because invariance gives :math:`W_Q^\top G_Q = G_K^\top W_K` and
 :math:`W_V^\top G_V = G_O W_O^\top` at every point; a gradient-descent step of size ``lr``

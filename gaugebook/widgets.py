@@ -103,7 +103,7 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
             raise ValueError(f"errors[{name!r}] must have shape [n_seeds, {len(conds)}], "
                              f"got {tuple(err.shape)}")
         ax.fill_between(conds, err.min(0).values, err.max(0).values, color=colour, alpha=0.25,
-                        linewidth=0)
+                        edgecolor=colour, linewidth=0.6)
         ax.plot(conds, err.median(0).values, "o", color=colour, label=f"{name} (median, range)")
         C = constants.get(name, 1.0)
         ax.plot(conds, C * conds * _eps(name), "--", color=colour,
@@ -112,7 +112,7 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
                label="source: 24 eps / max|Attn| (float64)")
     ax.set(xscale="log", yscale="log", xlabel="condition number κ of the gauge matrices",
            ylabel="relative invariance error")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=9, loc="upper left")
     return fig
 
 
@@ -255,7 +255,7 @@ def orbit_figure(path: dict[str, torch.Tensor]) -> Figure:
         ax.semilogy(path["s"][keep], path[key][keep], style, color=colour, label=label)
     ax.set(xlabel="position s along the one-parameter subgroup (dimensionless)",
            ylabel="relative change")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 

@@ -5,8 +5,11 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
-from gaugebook.decision_plots import (SYMMETRY_COLOR, band_panels,  # noqa: E402
+from gaugebook.decision_plots import (SYMMETRY_COLOR, SYMMETRY_MARKER,  # noqa: E402
+                                      band_panels,
                                       decision_table, delta_panels, paired_deltas,
                                       path_ratio, paper_runs,
                                       reduced_paper_configs, seed_band, best_rates,
@@ -85,6 +88,35 @@ def test_band_panels_draw_one_legend_for_the_whole_figure():
     assert top <= min(ax.get_tightbbox().y0 for ax in fig.axes) + 1
     # a figure whose panels are all "not recorded" has no legend at all
     assert band_panels(runs[:1], "path_ratio").legends == []
+
+
+def test_every_symmetry_has_its_marker_and_no_text_is_below_9_pt():
+    """bq and bqv differ by marker as well as colour (red-green colour blindness merges orange
+    and vermilion), in every figure of the module; a band has an edge in the full colour; and
+    no legend or label is set below 9 pt."""
+    steps = list(range(10, 110, 10))
+    runs = [run(s, seed, steps, [2.0 + off + 0.01 * seed] * 10, lr=lr,
+                tag="pt" if lr == 1.0 else f"pt-lr={lr:g}")
+            for seed in (0, 1) for s, off in (("symmetric", 0.0), ("bq", -0.2), ("bqv", 0.1))
+            for lr in (1.0, 3.0) if seed == 0 or lr == 1.0]
+    paper = [r for r in runs if r["config"]["optimizer_hp"]["lr"] == 1.0]
+    bands = band_panels(paper)
+    (ax,) = bands.axes
+    assert [line.get_marker() for line in ax.lines] == list(SYMMETRY_MARKER.values())
+    assert [h.get_marker() for h in bands.legends[0].legend_handles] == \
+        list(SYMMETRY_MARKER.values())
+    assert [tuple(b.get_edgecolor()[0][:3]) for b in ax.collections] == \
+        [to_rgb(c) for c in SYMMETRY_COLOR.values()]
+    deltas = delta_panels(paper)
+    assert [{line.get_marker() for line in ax.lines[:2]} for ax in deltas.axes] == [
+        {SYMMETRY_MARKER["bq"]}, {SYMMETRY_MARKER["bqv"]}]  # the seeds' lines of each pair
+    sweep = sweep_panels(sweep_statistics([r for r in runs if r.seed == 0]))
+    marked = {line.get_label(): line.get_marker() for line in sweep.axes[0].lines
+              if line.get_label() in SYMMETRY_MARKER}
+    assert marked == SYMMETRY_MARKER
+    for fig in (bands, deltas, sweep):
+        sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_text()]
+        assert min(sizes) >= 9
 
 
 def test_band_panels_write_a_key_that_is_zero_everywhere_as_a_line_of_text():

@@ -6,30 +6,33 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from gaugebook import diagrams
 from gaugebook.gpt import GPTConfig
 from gaugebook.gpt_redundancy import redundancy_terms
+from gaugebook.plots import contrast_ratio
 
 # a few labels each diagram must show (its chapter's notation)
 EXPECTED = {
     "orbit_diagram": [r"$g\cdot\theta$", "orbit"],
     "head_wiring_diagram": [r"$\cdot M^{-\top}$", r"$N^{-1}\cdot$", r"$W_O$"],
-    "semidirect_product_diagram": [r"\rtimes S_h", r"$M_3 \in GL(d_k)$"],
+    "semidirect_product_diagram": [r"\rtimes S_H", r"$M_3 \in \mathrm{GL}(d_k)$"],
     "tangent_space_diagram": [r"\ker J", r"T_\theta"],
-    "rope_commutant_diagram": [r"$\rho_2 R(\varphi_2)$", r"GL(1,\mathbb{C})"],
+    "rope_commutant_diagram": [r"$\rho_2 R(\varphi_2)$", r"\mathrm{GL}(1,\mathbb{C})"],
     "redundancy_terms_diagram": ["qk_gauge", "in all"],
-    "gqa_diagram": [r"$W_K^{(1)}, W_V^{(1)}$", "group 1"],
+    "gqa_diagram": [r"$W_K^{(1)}, W_V^{(1)}$", "group 1", "$H = 6$"],
     "moe_diagram": [r"expert $E_4$", r"\sigma(j)"],
     "sharpness_orbit_diagram": [r"$\alpha = 2$", r"\mathcal{A}^{-\top}"],
     "quotient_diagram": [r"$\mathcal{F}$", r"\Theta/\mathcal{G}"],
     "connections_diagram": ["NTK", "information bottleneck"],
     "experiment_pipeline_diagram": ["float64 and float32"],
-    "group_map_diagram": ["architecture", "verdict", r"corrected: commutant, not $O(d_k)$",
-                          "MLP-unit permutations", "open; checked locally (ch. 4, 10)"],
+    "group_map_diagram": ["architecture", "verdict",
+                          r"not $\mathrm{O}(d_k)$ (ch. 5)",
+                          "MLP-unit permutations", "open; checked locally\n(ch. 4, 10)"],
     "noether_charge_diagram": [r"$p$", "rotations only"],
     "ecd_level_set_diagram": [r"$-\nabla F$", r"$v$, $|v| = 1$"],
-    "protocol_block_diagram": ["no bias", r"$q_h$", r"$v_h$"],
+    "protocol_block_diagram": ["no bias", r"$q^{(i)}$", r"$v^{(i)}$"],
 }
 
 
@@ -60,6 +63,17 @@ def test_diagram_builds_with_its_labels(name):
     for label in EXPECTED[name]:
         assert label in shown, f"{name}: {label!r} missing"
     assert plt.get_fignums() == before  # nothing left open in pyplot
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_diagram_text_is_legible(name):
+    """Every text at 4.5:1 on white at least (WCAG, for text: a label in a palette colour is
+    darkened) and no smaller than 9 pt."""
+    fig = build(name)
+    shown = [t for t in fig.findobj(Text) if t.get_text() and t.get_visible()]
+    assert shown
+    for t in shown:
+        assert contrast_ratio(t.get_color()) >= 4.5 and t.get_fontsize() >= 9, t.get_text()
 
 
 def test_terms_diagram_shows_only_nonzero_terms():

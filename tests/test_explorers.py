@@ -1,5 +1,8 @@
 """gaugebook.explorers: the chapters' precomputed interactive figures cover their grids, every
 frame differs, and the RoPE commutant has the dimensions the algebra predicts."""
+import html
+import re
+
 import pytest
 import torch
 
@@ -39,3 +42,24 @@ def test_every_frame_is_a_distinct_image(make, n_frames):
     assert len(explorer.frames) == n_frames
     assert all(f.startswith('<img src="data:image/png;base64,') for f in explorer.frames.values())
     assert len(set(explorer.frames.values())) == n_frames
+
+
+def alt_texts(explorer):
+    """Frame key -> the alt text of its image."""
+    return {key: html.unescape(re.search(r'alt="([^"]*)"', frame).group(1))
+            for key, frame in explorer.frames.items()}
+
+
+def test_frame_alt_texts_state_what_the_frame_shows():
+    """Not only the sliders' settings: the bias explorer's frames name the key most queries
+    attend to and its weight, the ECD explorer's the final F and the well the path ends in."""
+    bias = alt_texts(bias_attention_explorer())
+    # direction 225 degrees, length 5 (indices 5, 2): one key takes every query
+    assert re.search(r"length 5: every query puts the most weight on key \d \(0\.\d\d on average\)",
+                     bias[5, 2])
+    assert re.search(r"length 0: \d+ of the 10 queries put", bias[0, 0])
+    ecd = alt_texts(ecd_explorer())
+    assert all(re.search(r"final F = -?\d\.\d\d, (in the well near \([+-]1, [+-]1\)|above the "
+                         r"passes)", text) for text in ecd.values())
+    assert "in the well near (-1, -1), the lowest of the four" in ecd[0, 0]  # eta 1, F0 -1
+    assert "above the passes between the wells" in ecd[0, 1]  # eta 1, F0 -0.6: F = 2.25

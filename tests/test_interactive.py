@@ -48,6 +48,27 @@ def test_markup_has_controls_script_and_a_stable_id():
     assert "let " not in markup and "const " not in markup  # nothing declared at page scope
 
 
+def test_sliders_announce_their_labels_and_frames_sit_in_a_live_region():
+    """A screen reader hears a slider's label (aria-valuetext), not its index; each <output>
+    names its control (for = the control's id, unique to the explorer); the frames are in an
+    aria-live region, so that the frame a move brings up is read out."""
+    ex = StaticExplorer([Control("s", [1.0, 2.0, 3.0], value=2.0,
+                                 labels=["+1.00", "+2.00", "+3.00"]),
+                         Control("dtype", ["a", "b"], kind="dropdown")],
+                        lambda s, d: f"<p>{s}{d}</p>", alt="test")
+    markup = ex._repr_html_()
+    uid = re.search(r'id="(gb-ix-[0-9a-f]+)"', markup).group(1)
+    slider = re.search(r"<input [^>]*>", markup).group(0)
+    assert f'id="{uid}-0"' in slider and 'aria-valuetext="+2.00"' in slider
+    assert f'<output for="{uid}-0">+2.00</output>' in markup
+    assert f'<select id="{uid}-1"' in markup and markup.count("<output") == 1
+    live = re.search(r'<div class="gb-frames" aria-live="polite">(.*)</div></div><script>',
+                     markup).group(1)
+    assert len(frames(live + "</div>")) == 6  # every frame inside the live region
+    assert 'setAttribute("aria-valuetext", label)' in markup
+    assert "output[for=\"' + c.id + '\"]" in markup
+
+
 def test_control_validation():
     with pytest.raises(ValueError, match="at least two"):
         Control("c", [1])
