@@ -16,7 +16,9 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 - every value a notebook glues is shown by some page (an unused glue is dead code),
 - every notebook is valid under its own nbformat version (Colab and nbclient reject others),
 - a folded cell's own toggle title (``mystnb.code_prompt_show``) reads "Show code: <what>", the
-  form the Colab edition turns into its title, and only a folded (``hide-input``) cell has one.
+  form the Colab edition turns into its title, and only a folded (``hide-input``) cell has one,
+- no chapter's markdown uses a TeX macro that only the rendered book defines (``_config.yml``):
+  Jupyter, JupyterLab on Binder, VS Code and GitHub show the notebook without it.
 
 These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
 (``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
@@ -28,6 +30,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+import yaml
 
 BOOK = Path(__file__).resolve().parent.parent / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
@@ -216,6 +220,13 @@ def test_toggle_titles():
                          and "hide-input" in c["metadata"]["tags"])]
 
     assert offenders(wrong) == []
+
+
+def test_no_macro_that_only_the_rendered_book_defines():
+    config = yaml.safe_load((BOOK.parent / "_config.yml").read_text())
+    macros = config["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"]
+    pattern = re.compile(r"\\(" + "|".join(map(re.escape, macros)) + r")(?![A-Za-z])")
+    assert offenders(lambda p: sum(len(pattern.findall(t)) for t in markdown_texts(p))) == []
 
 
 if __name__ == "__main__":
