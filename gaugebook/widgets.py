@@ -7,7 +7,7 @@ Each explorer also has a companion function that draws the same information as a
 
 * :class:`ConditionExplorer` (chapter 4): the relative invariance error
   ``max |f(g.theta, x) - f(theta, x)| / max |f(theta, x)|`` of random gauge elements ``g`` whose
-  matrices have 2-norm condition number ``c``, in float32 or float64.
+  matrices have 2-norm condition number ``kappa``, in float32 or float64.
   Fallback: :func:`condition_figure` of the sweep :func:`invariance_errors`.
 * :class:`OrbitExplorer` (chapter 3): a walk ``s -> (exp(sA), exp(sB))`` along a one-parameter
   subgroup of the QK and VO sectors. The weights move far; the function does not.
@@ -146,7 +146,7 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
         self.seeds = range(seeds)
         self._cache: dict[tuple[float, str], torch.Tensor] = {}
         self.cond = widgets.FloatLogSlider(value=cond, base=10, min=0, max=log10_max, step=0.25,
-                                           description="condition c", readout_format=".1e",
+                                           description="condition κ", readout_format=".1e",
                                            continuous_update=False)
         _slider_grid(self.cond)  # the static twin's grid: checked now, not on display
         self.dtype = widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
