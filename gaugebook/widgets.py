@@ -22,6 +22,7 @@ import math
 
 import ipywidgets as widgets
 import torch
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from gaugebook.attention import MultiHeadAttention
@@ -102,8 +103,8 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
         if err.ndim != 2 or err.shape[1] != len(conds):
             raise ValueError(f"errors[{name!r}] must have shape [n_seeds, {len(conds)}], "
                              f"got {tuple(err.shape)}")
-        ax.fill_between(conds, err.min(0).values, err.max(0).values, color=colour, alpha=0.25,
-                        edgecolor=colour, linewidth=0.6)
+        ax.fill_between(conds, err.min(0).values, err.max(0).values,
+                        facecolor=to_rgba(colour, 0.25), edgecolor=colour, linewidth=0.6)
         ax.plot(conds, err.median(0).values, "o", color=colour, label=f"{name} (median, range)")
         C = constants.get(name, 1.0)
         ax.plot(conds, C * conds * _eps(name), "--", color=colour,
