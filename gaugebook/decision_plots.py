@@ -378,8 +378,8 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     symmetric statistic of each other arm (each arm in its own line style in every panel), so
     that the gap between optimizers at their best reads off the panel. The value axis spans
     ``span`` above the best statistic; a setting beyond it (one that trained badly or
-    diverged) is a large triangle on the upper edge. One legend below the panels. Returns the
-    figure."""
+    diverged) is an upward arrow on the upper edge, in its symmetry's colour. One legend below
+    the panels. Returns the figure."""
     import matplotlib.pyplot as plt
 
     arms = sorted({a for a, _, _ in stats})
@@ -403,8 +403,8 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
                     color=colour, label=symmetry)
             beyond = values > top  # side by side on the edge, one symmetry beside the other
             if beyond.any():
-                ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), "^", color=colour,
-                        ms=9, clip_on=False)
+                ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), ls="none",
+                        marker=r"$\uparrow$", color=colour, ms=11, clip_on=False)
         for other, (_, value) in best.items():
             if other != arm:
                 ax.axhline(value, color="0.35", lw=1, ls=styles[other],

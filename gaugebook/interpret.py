@@ -138,8 +138,9 @@ def reference_vectors(model: GPT, reference) -> torch.Tensor:
 
 
 def key_log_factor(keys: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """``log f = k . c / sqrt(dk)`` for keys ``[..., H, T, dk]`` and offsets ``[H, dk]`` (or
-    ``[dk]``): the log of the factor by which a query offset ``c`` re-weights each key."""
+    r""":math:`\log f = k \cdot c / \sqrt{d_k}` for keys ``[..., H, T, dk]`` and offsets
+    ``[H, dk]`` (or ``[dk]``): the log of the factor by which a query offset :math:`c`
+    re-weights each key."""
     if keys.shape[-1] != offset.shape[-1]:
         raise ValueError(f"keys have width {keys.shape[-1]}, the offset {offset.shape[-1]}")
     return (keys * offset[..., None, :]).sum(-1) / math.sqrt(keys.shape[-1])  # (..., H, T)
@@ -167,9 +168,10 @@ def key_alignment(model: GPT, idx: torch.Tensor, reference="mean") -> torch.Tens
 
 def log_factors(model: GPT, idx: torch.Tensor, reference="effective", *,
                 center: bool = True) -> torch.Tensor:
-    """``k . r / sqrt(dk)`` for every layer, head and token, ``[L, H, B, T]`` (nats); with
-    ``center`` the mean over all tokens of ``idx`` is subtracted per layer and head, so that a
-    value ``a`` means: this key gets ``e^a`` times the weight of an average key."""
+    r""":math:`k \cdot r / \sqrt{d_k}` for every layer, head and token, ``[L, H, B, T]``
+    (nats); with ``center`` the mean over all tokens of ``idx`` is subtracted per layer and
+    head, so that a value :math:`a` means: this key gets :math:`e^a` times the weight of an
+    average key."""
     keys = layer_keys(model, idx)  # (L, H, B, T, dk)
     ref = reference_vectors(model, reference).to(keys)  # (L, H, dk)
     f = key_log_factor(keys.flatten(2, 3), ref).unflatten(-1, keys.shape[2:4])  # (L, H, B, T)
@@ -206,7 +208,7 @@ def structure_score(table: dict[Category, torch.Tensor], structural=STRUCTURAL,
 
 
 def _static_keys(model: GPT, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Each layer's static keys ``e_v W_K^{(h)}`` of the ``rows [V, D]`` (token embeddings by
+    r"""Each layer's static keys :math:`e_v W_K^{(i)}` of the ``rows [V, D]`` (token embeddings by
     default), ``[H, V, dk]``; keys of grouped key/value heads repeated to their query heads."""
     rows = (model.wte.weight if rows is None else rows).detach()
     out = []
@@ -227,7 +229,7 @@ def _cosines(keys: list[torch.Tensor], ref: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | None = None
                        ) -> torch.Tensor:
-    """Cosine of each static key ``e_v W_K^{(h)}`` with the layer's reference direction
+    r"""Cosine of each static key :math:`e_v W_K^{(i)}` with the layer's reference direction
     (:func:`reference_vectors`: ``"mean"`` is ``E[b_Q]``, the paper's measure; a tensor
     ``[dk]`` is a fixed or random direction, e.g. for a null distribution), ``[L, H, V]``.
     ``rows [V, D]`` are the token embeddings by default; pass ``model.wpe.weight`` for

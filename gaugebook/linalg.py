@@ -39,8 +39,9 @@ def random_orthogonal(n: int, *, generator: torch.Generator | None = None) -> to
 
 
 def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``n`` positive numbers in ``[cond^{-1/2}, cond^{1/2}]``, log-uniform, in random order, whose
-    largest/smallest ratio is exactly ``cond`` (for ``n >= 2``; a single number is 1)."""
+    r"""``n`` positive numbers in :math:`[\kappa^{-1/2}, \kappa^{1/2}]` (:math:`\kappa` is
+    ``cond``), log-uniform, in random order, whose largest/smallest ratio is exactly ``cond``
+    (for ``n >= 2``; a single number is 1)."""
     cond = check_number("the condition number cond", cond, low=1.0, strict=False)
     check_positive_ints(n=n)
     if n == 1:
@@ -52,8 +53,9 @@ def spread(n: int, cond: float, *, generator: torch.Generator | None = None) -> 
 
 
 def random_gl(n: int, cond: float, *, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``U diag(s) V^T`` with Haar ``U, V`` and singular values ``s`` from :func:`spread`:
-    an element of GL(n) with 2-norm condition number exactly ``cond`` (1 when ``n == 1``)."""
+    r""":math:`U \operatorname{diag}(s) V^\top` with Haar-random orthogonal :math:`U, V` and
+    singular values :math:`s` from :func:`spread`: an element of :math:`\mathrm{GL}(n)` with
+    2-norm condition number exactly ``cond`` (1 when ``n == 1``)."""
     s = spread(n, cond, generator=generator)
     return random_orthogonal(n, generator=generator) @ torch.diag(s) @ \
         random_orthogonal(n, generator=generator).T
@@ -111,7 +113,7 @@ def principal_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 def loglog_slope(x: torch.Tensor, y: torch.Tensor) -> float:
     """Least-squares slope of ``log10 y`` against ``log10 x`` for ``x [n]`` and ``y [n]`` or
     ``[n, k]`` (positive), averaged over the ``k`` columns: the exponent ``p`` of a power law
-    ``y ~ x^p`` (chapter 10 fits how singular values vanish near a special point)."""
+    :math:`y \propto x^p` (chapter 10 fits how singular values vanish near a special point)."""
     x, y = torch.as_tensor(x).to(DTYPE), torch.as_tensor(y).to(DTYPE)
     if y.ndim == 1:
         y = y[:, None]  # (n, 1)

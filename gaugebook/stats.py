@@ -14,9 +14,9 @@ __all__ = ["t_interval", "Correlation", "centred_by", "rank_correlation",
 
 
 def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
-    """``(mean, (low, high))``: the mean of ``values`` and its ``level`` t-interval,
-    mean +- t_{(1 + level)/2, n-1} s / sqrt(n), with s the sample standard deviation
-    (ValueError for fewer than two values)."""
+    r"""``(mean, (low, high))``: the mean of ``values`` and its ``level`` t-interval,
+    :math:`\bar x \pm t_{(1 + \ell)/2,\,n-1}\, s/\sqrt n` with :math:`\ell` the ``level``
+    and :math:`s` the sample standard deviation (ValueError for fewer than two values)."""
     from scipy import stats
 
     values = np.asarray(values, dtype=float)
