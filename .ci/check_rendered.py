@@ -28,6 +28,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
   table wider than its cell's output area; nor does any displayed equation (the theme lets a
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
+  rendered a second time in a phone's 390 px window, the page as a whole does not scroll
+  sideways (a code block, table or equation may scroll inside its own box there);
 * figures: every image of the page's own (a file under ``_images/``) is a link to itself, so
   that a reader whose screen shrinks it can open it at full size (``gaugebook.js``);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
@@ -70,8 +72,9 @@ CHROMIUM_FLAGS = (
     # close the network: every host name but 127.0.0.1 fails to resolve
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
     "--enable-logging=stderr", "--v=0",  # JavaScript console messages go to stderr
-    "--window-size=1280,1024",  # the width the pages are measured at
 )
+WINDOW = "1280,1024"  # the width the pages are measured at
+PHONE = "390,844"  # a phone's: each page is rendered a second time at this size
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SKIP_TEXT = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "noscript", "svg",
              "template", "head", "mjx-container"}
@@ -194,11 +197,33 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
     }
     return out;
   };
+  // the elements that widen the page past the window: the outermost ones that reach past
+  // its right edge outside any box that scrolls or clips
+  var widening = function () {
+    var out = [], all = document.querySelectorAll("body *"), edge = window.innerWidth + 1;
+    var contained = function (e) {
+      for (var a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== "visible") { return true; }
+      }
+      return false;
+    };
+    for (var i = 0; i < all.length && out.length < 5; i++) {
+      var e = all[i], p = e.parentElement;
+      if (e.offsetParent === null || e.getBoundingClientRect().right <= edge) { continue; }
+      if (p && p !== document.body && p.getBoundingClientRect().right > edge) { continue; }
+      if (contained(e)) { continue; }
+      out.push(e.tagName.toLowerCase() + (e.className ? "." + String(e.className).split(" ")[0]
+               : "") + ": " + e.textContent.replace(/\s+/g, " ").trim().slice(0, 70));
+    }
+    return out;
+  };
   var pre = document.createElement("pre");
   pre.id = "%s";
   pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
                                     outputs: scrolls("div.cell_output pre").concat(tables()),
-                                    math: equations()});
+                                    math: equations(),
+                                    page: document.documentElement.scrollWidth >
+                                          window.innerWidth + 1 ? widening() : []});
   document.body.appendChild(pre);
 }, 700); });</script>""" % WIDTHS_ID
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
@@ -348,10 +373,10 @@ def find_chromium(explicit: str | None) -> str:
              "(.ci/run does) or pass --chromium PATH.")
 
 
-def render(chromium: str, url: str, budget_ms: int) -> tuple[str, str]:
+def render(chromium: str, url: str, budget_ms: int, window: str = WINDOW) -> tuple[str, str]:
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         proc = subprocess.run(
-            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            [chromium, *CHROMIUM_FLAGS, f"--window-size={window}", f"--user-data-dir={profile}",
              f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
             capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or "<html" not in proc.stdout:
@@ -391,6 +416,23 @@ def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict
                 failures.append(f"{where}: the figure did not change when moved to values "
                                 f"{c['unchanged']}")
     return report
+
+
+def check_phone(chromium: str, url: str, budget_ms: int, failures: list[str]) -> None:
+    """The page rendered in a phone's window does not scroll sideways as a whole (a code block,
+    a table or an equation may scroll inside its own box)."""
+    try:
+        dom, _ = render(chromium, url, budget_ms, PHONE)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        failures.append(f"could not render at {PHONE}: {error}")
+        return
+    match = re.search(rf'<pre id="{WIDTHS_ID}"[^>]*>(.*?)</pre>', dom, re.S)
+    if not match:
+        failures.append(f"the width probe did not report at {PHONE}")
+        return
+    for line in json.loads(html.unescape(match.group(1)))["page"]:
+        failures.append(f"the page scrolls sideways in a {PHONE.split(',')[0]} px window, "
+                        f"widened by {line!r}")
 
 
 def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_ms: int) -> Result:
@@ -444,8 +486,11 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"an output is wider than its column at 1280 px: {line!r}")
         for line in widths["math"]:
             result.failures.append(f"display math scrolls sideways at 1280 px: {line!r}")
+        for line in widths["page"]:
+            result.failures.append(f"the page scrolls sideways at 1280 px: {line!r}")
     else:
         result.failures.append("the width probe did not report")
+    check_phone(chromium, f"{base_url}/{page}", budget_ms, result.failures)
     images = re.findall(r'<img [^>]*src="[^"]*_images/', dom)
     linked = re.findall(r'<a [^>]*class="gb-full-size"[^>]*><img [^>]*src="[^"]*_images/', dom)
     if len(linked) < len(images):
@@ -520,7 +565,7 @@ def main(argv=None) -> int:
         return 1
     print(f"\ncheck_rendered: {len(results)} pages passed (math typeset, widgets rendered, "
           "interactive figures responding, no code cell, output or equation wider than its column, "
-          "no network, no JavaScript error).")
+          "no page wider than a phone's window, no network, no JavaScript error).")
     return 0
 
 

@@ -133,7 +133,7 @@ def semidirect_product_diagram(n_heads: int = 3) -> Figure:
     carrying their factors with them (chapter 3)."""
     fig, ax = _canvas()
     xs = np.linspace(2.0, 8.0, n_heads)
-    for i, x in enumerate(xs, start=1):
+    for i, x in enumerate(xs):  # heads numbered from 0, as in the code and chapter 3
         ax.add_patch(FancyBboxPatch((x - 1.0, 1.5), 2.0, 2.6, boxstyle="round,pad=0.05",
                                     fc="none", ec=GREY, lw=1, ls="--"))
         _label(ax, x, 3.85, f"head {i}", GREY, 10)

@@ -99,10 +99,13 @@ class Control:
             options = "".join(f'<option value="{i}"{" selected" if i == self.index else ""}>'
                               f"{html.escape(label)}</option>"
                               for i, label in enumerate(self.labels))
-            return f'<label>{name} <select {common}>{options}</select></label>'
-        return (f'<label>{name} <input type="range" min="0" max="{len(self.values) - 1}" '
-                f'step="1" value="{self.index}" aria-valuetext="{shown}" {common}></label> '
-                f'<output for="{ident}">{shown}</output>')
+            return (f'<span class="gb-control"><label>{name} <select {common}>{options}'
+                    '</select></label></span>')
+        # one span per control: the style sheet keeps a slider and its value on one line
+        return (f'<span class="gb-control"><label>{name} <input type="range" min="0" '
+                f'max="{len(self.values) - 1}" step="1" value="{self.index}" '
+                f'aria-valuetext="{shown}" {common}></label> '
+                f'<output for="{ident}">{shown}</output></span>')
 
 
 class StaticExplorer:

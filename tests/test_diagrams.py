@@ -17,7 +17,7 @@ from gaugebook.plots import contrast_ratio
 EXPECTED = {
     "orbit_diagram": [r"$g\cdot\theta$", "orbit"],
     "head_wiring_diagram": [r"$\cdot M^{-\top}$", r"$N^{-1}\cdot$", r"$W_O$"],
-    "semidirect_product_diagram": [r"\rtimes S_H", r"$M_3 \in \mathrm{GL}(d_k)$"],
+    "semidirect_product_diagram": [r"\rtimes S_H", r"$M_2 \in \mathrm{GL}(d_k)$"],
     "tangent_space_diagram": [r"\ker J", r"T_\theta"],
     "rope_commutant_diagram": [r"$\rho_2 R(\varphi_2)$", r"\mathrm{GL}(1,\mathbb{C})"],
     "redundancy_terms_diagram": ["qk_gauge", "in all"],

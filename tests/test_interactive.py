@@ -62,6 +62,10 @@ def test_sliders_announce_their_labels_and_frames_sit_in_a_live_region():
     assert f'id="{uid}-0"' in slider and 'aria-valuetext="+2.00"' in slider
     assert f'<output for="{uid}-0">+2.00</output>' in markup
     assert f'<select id="{uid}-1"' in markup and markup.count("<output") == 1
+    # each control, with its value, in one span that the style sheet keeps on one line
+    assert markup.count('<span class="gb-control">') == 2
+    assert re.search(r'<span class="gb-control"><label>s <input [^>]*></label> <output '
+                     r'[^>]*>\+2\.00</output></span>', markup)
     live = re.search(r'<div class="gb-frames" aria-live="polite">(.*)</div></div><script>',
                      markup).group(1)
     assert len(frames(live + "</div>")) == 6  # every frame inside the live region
