@@ -331,7 +331,9 @@ def parameter_distance(model_a: nn.Module, model_b: nn.Module) -> float:
 
 def interpolate(model_a: nn.Module, model_b: nn.Module, t: float) -> nn.Module:
     r"""A copy of ``model_a`` with parameters :math:`(1 - t) \theta_a + t \theta_b` (all, frozen
-    ones included; tied weights stay tied; buffers come from ``model_a``)."""
+    ones included; tied weights stay tied; buffers come from ``model_a``): ``t = 0`` gives
+    ``model_a``'s parameters and ``t = 1`` ``model_b``'s, both exactly; other ``t`` in
+    :math:`[0, 1]` lie on the segment between them, outside it on its extension."""
     out = copy.deepcopy(model_a)
     pairs = _parameter_pairs(model_a, model_b)
     with torch.no_grad():

@@ -26,6 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gaugebook.checks import check_float_dtype, check_positive_ints
 from gaugebook.rope import check_rotary_dim, rope_frequencies, rotate
 
+__all__ = ["MultiHeadAttention", "math_attention", "check_rope_mode", "ROPE_MODES"]
+
 ROPE_MODES = (False, True, "gated")
 
 

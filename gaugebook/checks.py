@@ -41,7 +41,10 @@ def check_positive_ints(**sizes) -> None:
 
 def check_float_dtype(dtype) -> None:
     """ValueError unless ``dtype`` is ``None`` (the default dtype) or a floating-point dtype: the
-    dtype of a layer's parameters, which must carry gradients."""
+    dtype of a layer's parameters, which must carry gradients. TypeError for what is not a
+    ``torch.dtype`` (e.g. the string ``"float64"``)."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, e.g. torch.float64, got {dtype!r}")
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
 

@@ -1,4 +1,4 @@
-"""The experiment runner: grids of (optimizer x symmetry x activation x seed) training runs.
+r"""The experiment runner: grids of (optimizer x symmetry x activation x seed) training runs.
 
 A *preset* names *parts*; a part is a list of runs. Each run trains a reduced GPT-2 on the
 default corpus and writes ``<out>/<run>.json`` atomically when it finishes; an existing result is
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
-from gaugebook.run_files import provenance, write_json_atomic
+from gaugebook.run_files import existing_results, provenance, write_json_atomic
 from gaugebook.training import (check_distinct_names, check_runs, cohorts,
                                 optimizer_state_bytes, train, train_batched)
 
@@ -262,21 +262,22 @@ def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
 def _worker(queue, out: str, device: str, position: int, batched: bool,
             data_workers: int, cuda_graphs: bool) -> None:
     """Take cohorts (lists of runs) from ``queue`` until a ``None``; a failing cohort is recorded
-    in ``<out>/<name>.error.json`` for each of its runs and does not stop the others."""
-    while True:
-        item = queue.get()
-        if item is None:
-            return
-        cfgs = [RunConfig.from_dict(c) for c in item]
-        try:
-            _train_cohort(cfgs, Path(out), device, batched, position=position,
-                          data_workers=data_workers, cuda_graphs=cuda_graphs)
-        except Exception as error:  # noqa: BLE001 - reported in a file, then the next run
-            for cfg in cfgs:
-                write_json_atomic(Path(out) / f"{cfg.name}.error.json",
-                                  {"name": cfg.name, "error": repr(error),
-                                   "config": dataclasses.asdict(cfg)})
-            print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
+    in ``<out>/<name>.error.json`` for each of its runs and does not stop the others. Ctrl-C
+    (which reaches every worker) stops it quietly: the parent reports."""
+    try:
+        while (item := queue.get()) is not None:
+            cfgs = [RunConfig.from_dict(c) for c in item]
+            try:
+                _train_cohort(cfgs, Path(out), device, batched, position=position,
+                              data_workers=data_workers, cuda_graphs=cuda_graphs)
+            except Exception as error:  # noqa: BLE001 - reported in a file, then the next run
+                for cfg in cfgs:
+                    write_json_atomic(Path(out) / f"{cfg.name}.error.json",
+                                      {"name": cfg.name, "error": repr(error),
+                                       "config": dataclasses.asdict(cfg)})
+                print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return
 
 
 def _train_cohort(cfgs, out: Path, device: str, batched: bool, **kw) -> None:
@@ -309,8 +310,14 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
              for i in range(workers)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too; a signal to this process alone
+        for p in procs:        # does not: they get a few seconds to stop, then are stopped
+            p.join(timeout=5)
+            p.terminate()
+        raise
     # a worker's record of a failure (a success removes its run's): this call's runs only
     failed = sorted(path.name for cfg in runs
                     if (path := out / f"{cfg.name}.error.json").exists())
@@ -326,7 +333,8 @@ def main(argv=None) -> None:
     parser.add_argument("--part", default=None,
                         help="a part of the preset, or several separated by commas (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/PRESET)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda[:i] (default: cuda if available, else cpu)")
     parser.add_argument("--workers", type=int, default=1,
                         help="concurrent runs (or, with --batched, cohorts) on the device")
     parser.add_argument("--batched", action="store_true",
@@ -369,8 +377,25 @@ def main(argv=None) -> None:
             return
         out = args.out or Path("runs") / args.preset
         check_runs(runs, out, args.device, args.cuda_graphs)
+        done = existing_results(runs, out)  # refuses results written with other settings
     except ValueError as e:
         parser.error(str(e))
+    first = int(os.environ.get("RANK", 0)) == 0  # the process that reports
+    if done and first:
+        print(f"{len(done)} of {len(runs)} runs already finished in {out}: skipped (delete a "
+              "result to train its run again)", file=sys.stderr)
+    try:
+        _run(args, runs, out, distributed)
+    except KeyboardInterrupt:
+        print(_interrupted(out), file=sys.stderr)
+        sys.exit(130)
+    if first:
+        print(f"results in {out}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace, runs: list[RunConfig], out: Path, distributed: bool) -> None:
+    """Train ``runs`` as the command line asks: one share per process under torchrun, else
+    :func:`run_many`."""
     if distributed:
         device = args.device
         if device.startswith("cuda"):
@@ -383,7 +408,14 @@ def main(argv=None) -> None:
         return
     run_many(runs, out, args.device, args.workers, batched=args.batched,
              data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)
-    print(f"results in {out}", file=sys.stderr)
+
+
+def _interrupted(out: Path) -> str:
+    """The line that Ctrl-C prints: where the newest checkpoint is, and how to resume."""
+    checkpoints = sorted((out / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)
+    where = (f"the latest checkpoint is {checkpoints[-1]}" if checkpoints
+             else f"no checkpoint in {out / 'checkpoints'} yet (finished runs are kept)")
+    return f"interrupted: {where}; rerun the same command to resume"
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F40
                                  HiddenRescaling, LayerNormScale, LayerNormShift,
                                  PositionCentring, ReaderCentring, ResidualCentring,
                                  ResidualPermutation)
-from gaugebook.lie import (GaugeElement, MatrixFactor, PermutationFactor, TranslationFactor,
-                           gl_basis, identity, rope_commutant_basis, unit_basis)
+from gaugebook.lie import (Factor, GaugeElement, MatrixFactor, PermutationFactor,
+                           TranslationFactor, gl_basis, identity, rope_commutant_basis,
+                           unit_basis)
 from gaugebook.linalg import DTYPE, random_gl, relative_change, spread
 from gaugebook.rope import check_rotary_dim
 
@@ -413,20 +414,25 @@ def random_element(module: nn.Module, *, cond: float = 10.0,
 
 
 @torch.no_grad()
-def invariance_error(element: GaugeElement, module: nn.Module, *inputs) -> float:
+def invariance_error(element: GaugeElement | Factor | nn.Module,
+                     module: nn.Module | GaugeElement | Factor, *inputs) -> float:
     r""":math:`\max |f(g \cdot \theta, x) - f(\theta, x)| / \max |f(\theta, x)|` over all
     outputs, for the module :math:`f` and the element :math:`g`, given in either order
-    (``invariance_error(f, g, x)`` works too).
+    (``invariance_error(f, g, x)`` works too). A single factor (e.g. ``QKTransform(M)``) is the
+    element of that one factor, as in ``factor @ element``.
 
     Both forward passes start from the same random state (restored afterwards), so a stochastic
     model (dropout, symmetry-breaking biases in training mode) draws the same noise in both.
     Non-finite weights or inputs are refused (ValueError naming the tensor).
     """
-    if isinstance(element, nn.Module) and isinstance(module, GaugeElement):
+    if isinstance(element, nn.Module) and isinstance(module, (GaugeElement, Factor)):
         element, module = module, element
+    if isinstance(element, Factor):
+        element = GaugeElement(element)
     if not isinstance(element, GaugeElement) or not isinstance(module, nn.Module):
-        raise TypeError("invariance_error takes a GaugeElement and an nn.Module, then the "
-                        f"inputs; got {type(element).__name__} and {type(module).__name__}")
+        raise TypeError("invariance_error takes a GaugeElement (or one Factor) and an "
+                        f"nn.Module, then the inputs; got {type(element).__name__} and "
+                        f"{type(module).__name__}")
     check_finite_tensors(module, *inputs)
     cuda = sorted({p.device.index for p in module.parameters() if p.is_cuda})
 

@@ -168,9 +168,12 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
 def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[str, int]:
     """The count of redundant directions of ``GPT(config)`` at generic weights, term by term.
 
-    ``output="log_probs"`` counts for :class:`LogProbabilities`, ``"logits"`` for the GPT itself.
-    Keys are those of ``TERMS``; the values add up to
-    :func:`~gaugebook.redundancy.predicted_redundancy`. The LayerNorms need
+    ``output="log_probs"`` (the default) counts for :class:`LogProbabilities`, ``"logits"``
+    for the GPT itself. Keys are those of ``TERMS``; the values add up to
+    :func:`~gaugebook.redundancy.predicted_redundancy` of the model of that output:
+    ``predicted_redundancy(LogProbabilities(GPT(config)))`` for the default, which counts
+    ``embedding_shift`` :math:`= D` (:math:`1` with RoPE) where the logits have at most
+    :math:`1`; ``predicted_redundancy(GPT(config))`` for ``output="logits"``. The LayerNorms need
     ``eps >= MIN_LAYER_NORM_EPS`` (the default ``1e-5`` is): at ``eps = 0`` the stream scaling is
     exact too, and for a smaller ``eps > 0`` its singular value, proportional to ``eps``, can fall
     below the rank tolerance of :func:`~gaugebook.redundancy.redundancy` (chapter 6,

@@ -9,6 +9,10 @@ import torch
 
 from gaugebook.checks import check_number, check_positive_ints
 
+__all__ = ["DTYPE", "ZERO_RTOL", "relative_change", "random_orthogonal", "spread", "random_gl",
+           "numerical_rank", "principal_cosines", "loglog_slope", "remove_components",
+           "check_invertible", "check_permutation"]
+
 DTYPE = torch.float64
 ZERO_RTOL = 1e-12
 """A float64 quantity below ``ZERO_RTOL`` times its scale counts as zero where no rank
@@ -111,7 +115,7 @@ def principal_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 def loglog_slope(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Least-squares slope of ``log10 y`` against ``log10 x`` for ``x [n]`` and ``y [n]`` or
+    r"""Least-squares slope of ``log10 y`` against ``log10 x`` for ``x [n]`` and ``y [n]`` or
     ``[n, k]`` (positive), averaged over the ``k`` columns: the exponent ``p`` of a power law
     :math:`y \propto x^p` (chapter 10 fits how singular values vanish near a special point)."""
     x, y = torch.as_tensor(x).to(DTYPE), torch.as_tensor(y).to(DTYPE)

@@ -90,15 +90,32 @@ def vo_charge(W_V, W_O, P_V, P_O) -> torch.Tensor:
     return antisym(_T(W_V) @ P_V - P_O @ _T(W_O))
 
 
+def _check_factors(a_shape: str, A: torch.Tensor, b_shape: str, B: torch.Tensor,
+                   b_axis: int) -> None:
+    """ValueError unless ``A`` and ``B`` are matrices (``a_shape``, ``b_shape``) with
+    broadcastable leading dimensions and the last dimension of ``A`` at ``b_axis`` of ``B``."""
+    fits = A.ndim >= 2 and B.ndim >= 2 and A.shape[-1] == B.shape[b_axis]
+    try:
+        torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"expected {a_shape} and {b_shape} (leading dimensions broadcastable), "
+                         f"got shapes {tuple(A.shape)} and {tuple(B.shape)}")
+
+
 def qk_flow_invariant(W_Q, W_K) -> torch.Tensor:
-    r""":math:`W_Q^\top W_Q - W_K^\top W_K`: conserved by gradient flow for the :math:`\GL(d_k)`
-    symmetry."""
+    r""":math:`W_Q^\top W_Q - W_K^\top W_K` ``[..., dk, dk]`` for ``W_Q [..., D, dk]`` and
+    ``W_K [..., D', dk]`` (one head each, or a batch of heads; augmented rows for biases
+    allowed): conserved by gradient flow for the :math:`\GL(d_k)` symmetry."""
+    _check_factors("W_Q [..., D, dk]", W_Q, "W_K [..., D', dk]", W_K, -1)
     return _T(W_Q) @ W_Q - _T(W_K) @ W_K
 
 
 def vo_flow_invariant(W_V, W_O) -> torch.Tensor:
-    r""":math:`W_V^\top W_V - W_O W_O^\top`: conserved by gradient flow for the :math:`\GL(d_v)`
-    symmetry."""
+    r""":math:`W_V^\top W_V - W_O W_O^\top` ``[..., dv, dv]`` for ``W_V [..., D, dv]`` and
+    ``W_O [..., dv, D']``: conserved by gradient flow for the :math:`\GL(d_v)` symmetry."""
+    _check_factors("W_V [..., D, dv]", W_V, "W_O [..., dv, D']", W_O, -2)
     return _T(W_V) @ W_V - W_O @ _T(W_O)
 
 
@@ -141,6 +158,16 @@ def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
     return out
 
 
+def _attention_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    """:func:`~gaugebook.gauge.attention_modules`, TypeError when there is none (as
+    :func:`~gaugebook.gauge.random_element` raises): no charge to compute."""
+    layers = attention_modules(model)
+    if not layers:
+        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention: charges and "
+                        "flow invariants are those of gaugebook's attention layers")
+    return layers
+
+
 def _sector(model: nn.Module, path: str, m: MultiHeadAttention, momenta: dict) -> Sectors:
     """Both momentum maps of layer ``path`` (``momenta`` keyed relative to it), the QK one as
     the dual of the layer's QK algebra (the projection onto the RoPE commutant)."""
@@ -162,11 +189,13 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
     of :class:`~gaugebook.gauge.QKTransform` and :class:`~gaugebook.gauge.VOTransform`), of
     which the charge of the orthogonal subgroup is the antisymmetric part:
     :math:`J = \mu - \mu^\top`, the closed forms :func:`qk_charge` and :func:`vo_charge` on the
-    augmented weights.
+    augmented weights. Shapes: ``qk [n_kv_heads, d_head, d_head]``,
+    ``vo [n_kv_heads, d_value, d_value]`` per layer. TypeError for a model without attention.
     """
+    layers = _attention_layers(model)
     p = _as_named(model, momenta)
     result = {}
-    for path, m in attention_modules(model):
+    for path, m in layers:
         prefix = f"{path}." if path else ""
         names = ["W_Q", "W_K", "W_V", "W_O"] + (["b_Q", "b_K", "b_V"] if m.has_bias else [])
         absent = [prefix + n for n in names if prefix + n not in p]
@@ -193,6 +222,8 @@ def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
     :math:`C_{QK} = \sum_h \tilde W_Q^{(h)\top} \tilde W_Q^{(h)} - \tilde W_K^\top \tilde W_K` and
     :math:`C_{VO} = \tilde W_V^\top \tilde W_V - \sum_h W_O^{(h)} W_O^{(h)\top}` per key/value group
     of every attention layer (sums over the query heads of the group): the momentum maps at
-    :math:`p = \theta`."""
+    :math:`p = \theta`. Returns ``{layer path: Sectors}`` with ``qk [n_kv_heads, d_head,
+    d_head]`` and ``vo [n_kv_heads, d_value, d_value]`` (float64), as :func:`charges` does.
+    TypeError for a model without attention."""
     return {path: _sector(model, path, m, float64_parameters(m))
-            for path, m in attention_modules(model)}
+            for path, m in _attention_layers(model)}

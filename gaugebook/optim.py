@@ -130,10 +130,13 @@ class ECD(Optimizer):
             /(F - F_0)`, while the normalisation of :math:`v` stays global (as in their published
             ``ECD_q1`` code). It is not a projection orthogonal to :math:`v` and breaks the O(d)
             symmetry.
-        blocks: the partition of ``"per_tensor"``: lists of parameters that form one tensor of
-            the partition (e.g. :meth:`gaugebook.gpt.GPT.gpt2_tensors`, where the query, key and
-            value weights of a layer are GPT-2's one fused ``c_attn.weight``); every parameter not
-            listed is a tensor of its own. ``None``: every parameter is its own tensor.
+        blocks: the partition of ``"per_tensor"``: lists of parameters (tensors, not names)
+            that form one tensor of the partition; every parameter not listed is a tensor of its
+            own. ``None``: every parameter is its own tensor. GPT-2's own tensors, where the
+            query, key and value weights of a layer are one fused ``c_attn.weight``, come from
+            the names of :meth:`gaugebook.gpt.GPT.gpt2_tensors`:
+            ``params = dict(model.named_parameters())`` and
+            ``blocks=[[params[n] for n in names] for names in model.gpt2_tensors()]``.
         members: ``None`` (one model) or ``R >= 1`` stacked models (see above).
         chaos_seeds: seeds of the chaos generators, one per member (``None``: one draw each from
             torch's global generator at construction; under DDP rank 0's draws, broadcast).
@@ -257,6 +260,11 @@ class ECD(Optimizer):
             if not block_params:
                 raise ValueError(f"block {b} of the partition is empty")
             for p in block_params:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(
+                        f"block {b} holds a {type(p).__name__}; pass tensors, e.g. [[params[n] "
+                        "for n in names] for names in model.gpt2_tensors()] with "
+                        "params = dict(model.named_parameters())")
                 i = position.get(id(p))
                 if i is None:
                     raise ValueError(f"block {b} holds a tensor that ECD does not optimise")

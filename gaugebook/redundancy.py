@@ -132,6 +132,12 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     expects (where it has a count for ``model``; a GPT's logits are low-rank, so its rank can
     stay below the output count and still be capped). ``rtol``: see
     :func:`gaugebook.linalg.numerical_rank`. Non-finite weights or inputs are refused.
+
+    The count equals :func:`predicted_redundancy` at generic weights only. A fresh
+    :class:`~gaugebook.gpt.GPT` is not generic: GPT-2's initialisation sets every LayerNorm gain
+    to 1 and every bias to 0, a point of extra symmetry where more directions are redundant
+    (e.g. 250 instead of 218 for ``GPTConfig(11, 8, 1, 2, 8)``). Draw generic weights first with
+    :func:`gaugebook.gpt_redundancy.make_generic_` (``make_generic_(GPT(cfg))``).
     """
     check_finite_tensors(model, *inputs)
     J = jacobian(model, *inputs)
@@ -163,6 +169,10 @@ def predicted_redundancy(model: nn.Module) -> int:
     (:func:`gaugebook.gpt_redundancy.redundancy_count`). Nothing needs importing first: the
     library registers nothing. A module of one's own gets a count with
     ``@predicted_redundancy.register`` (a ``functools.singledispatch`` function).
+
+    Generic weights: :func:`redundancy` measures more at special points, such as GPT-2's
+    initialisation (LayerNorm gains 1, biases 0); :func:`gaugebook.gpt_redundancy.make_generic_`
+    draws weights at which the two agree.
     """
     if isinstance(model, MultiHeadAttention):
         return sum(attention_terms(d_in=model.d_model, d_out=model.d_model,

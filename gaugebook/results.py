@@ -597,11 +597,13 @@ def with_math(text: str, escape: bool = True) -> str:
 
 
 class Table:
-    """A small HTML table (no pandas needed) that notebooks display as HTML.
+    """A small HTML table (no pandas needed) that notebooks display as HTML, and ``print`` as
+    fixed-width text.
 
     ``rows`` are lists of cells; floats are printed with ``float_format`` (``None`` as an en
     dash); every cell is HTML-escaped unless it is an instance of :class:`Table.Raw`. In every
-    cell and in the caption, ``$...$`` is TeX, set as MathML (:func:`with_math`).
+    cell and in the caption, ``$...$`` is TeX, set as MathML (:func:`with_math`); the text form
+    keeps the TeX as written and drops a raw cell's tags.
     """
 
     class Raw(str):
@@ -615,13 +617,23 @@ class Table:
         self.header, self.rows, self.caption = list(header), [list(r) for r in rows], caption
         self.float_format = float_format
 
+    def _text(self, value) -> str:
+        """A cell as plain text: floats formatted, ``None`` an en dash, a raw cell untagged."""
+        if isinstance(value, Table.Raw):
+            return html.unescape(re.sub(r"<[^>]*>", "", value))
+        if value is None:
+            return "\u2013"
+        if isinstance(value, float):
+            return "n/a" if math.isnan(value) else self.float_format.format(value)
+        return str(value)
+
     def _cell(self, value) -> str:
         if isinstance(value, Table.Raw):
             return with_math(value, escape=False)
         if value is None:
             return "&ndash;"
         if isinstance(value, float):
-            return "n/a" if math.isnan(value) else html.escape(self.float_format.format(value))
+            return html.escape(self._text(value))
         return with_math(str(value))
 
     def to_html(self) -> str:
@@ -637,6 +649,16 @@ class Table:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+    def __str__(self) -> str:
+        """The table as fixed-width text: the caption, the header, a rule, one line per row."""
+        lines = [[self._text(c) for c in row] for row in [self.header, *self.rows]]
+        widths = [max(len(line[j]) for line in lines) for j in range(len(self.header))]
+        text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+        text.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(([self.caption] if self.caption else []) + text)
+
+    __repr__ = __str__  # a console shows the table, as a notebook does
 
 
 def effects_table(effects: list[dict], *, caption: str | None = None) -> Table:

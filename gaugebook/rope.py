@@ -13,12 +13,18 @@ import math
 
 import torch
 
+__all__ = ["rope_frequencies", "rotate", "rotation_matrix", "check_rotary_dim"]
+
+
+def _positive_even_int(value) -> bool:
+    """Whether ``value`` is an ``int`` (not a bool, not ``4.0``), positive and even."""
+    return type(value) is int and value > 0 and value % 2 == 0
+
 
 def check_rotary_dim(d_head: int, rotary_dim) -> int:
     r"""``rotary_dim``, checked to be an even integer in :math:`(0, d_\text{head}]`: the rotated
     coordinates pair up as planes, and a head has only ``d_head`` of them. ValueError otherwise."""
-    if not (isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
-            and 0 < rotary_dim <= d_head and rotary_dim % 2 == 0):
+    if not (_positive_even_int(rotary_dim) and rotary_dim <= d_head):
         raise ValueError(f"rotary_dim must be a positive even number at most d_head={d_head}, "
                          f"got {rotary_dim!r}")
     return rotary_dim
@@ -28,8 +34,8 @@ def rope_frequencies(rotary_dim: int, base: float = 10000.0, *,
                      dtype=torch.float64) -> torch.Tensor:
     r"""Angular frequencies :math:`\theta_i = b^{-2i/r}`, :math:`i < r/2` (:math:`b` = ``base``,
     :math:`r` = ``rotary_dim``): shape ``[rotary_dim/2]``."""
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if not _positive_even_int(rotary_dim):
+        raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim!r}")
     if not 0 < base < math.inf:  # (NaN fails too)
         raise ValueError(f"RoPE base must be positive and finite, got {base}")
     i = torch.arange(rotary_dim // 2, dtype=torch.float64)
@@ -39,9 +45,15 @@ def rope_frequencies(rotary_dim: int, base: float = 10000.0, *,
 def rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
     r"""Apply :math:`R_t` to the leading ``2 * len(frequencies)`` coordinates of ``x [..., T, d]``.
 
-    ``positions [T]``; with :math:`\phi = t \theta_i`, plane :math:`(i, i + r/2)` maps
+    ``positions [T]``, one per token of ``x`` (or ``[1]``, one for all); ``frequencies [r/2]``
+    (:func:`rope_frequencies`); returns ``[..., T, d]``. With :math:`\phi = t \theta_i`, plane
+    :math:`(i, i + r/2)` maps
     :math:`(a, b) \mapsto (a \cos\phi - b \sin\phi,\ a \sin\phi + b \cos\phi)`.
     """
+    if x.ndim < 2 or positions.shape not in (x.shape[-2:-1], (1,)):
+        raise ValueError(f"positions must be [T], one per token of x [..., T, d] (or [1]): got "
+                         f"positions of shape {tuple(positions.shape)} for x of shape "
+                         f"{tuple(x.shape)}")
     half = frequencies.numel()
     if 2 * half > x.shape[-1]:
         raise ValueError(f"{half} frequencies rotate {2 * half} coordinates, more than the "

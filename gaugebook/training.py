@@ -655,25 +655,27 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     bar = tqdm(total=cfg.steps, initial=cohort.step, desc=_label(cohort), position=position,
                leave=position == 0, disable=rank != 0 or not progress, dynamic_ncols=True)
     final, batches = False, _train_batches(cohort, data_workers)
-    while not final:
-        # the last step: the planned one, or the one in progress when the time budget runs out
-        final = cohort.step + 1 >= cfg.steps or _out_of_time(cfg, began, device, world)
-        measure = (cohort.step + 1) % cfg.eval_every == 0 or final
-        before = {n: p.detach().clone() for n, p in cohort.params.items()} if measure else None
-        _step(cohort, *next(batches))
-        bar.update(1)
-        if measure:
-            _measure(cohort, before, start)
-            bar.set_postfix(val=f"{min(m.history['val_loss'][-1] for m in cohort.members):.3f}")
-        cohort.elapsed = time.perf_counter() - start
-        if rank == 0 and cohort.step % cfg.checkpoint_every == 0 and not final:
-            _save_checkpoint(cohort)
-        if stop_after is not None and cohort.step >= stop_after:
-            bar.close()
-            batches.close()
-            return None
-    bar.close()
-    batches.close()  # stops the prefetching workers before the final evaluation
+    try:
+        while not final:
+            # the last step: the planned one, or the one in progress when the time budget ends
+            final = cohort.step + 1 >= cfg.steps or _out_of_time(cfg, began, device, world)
+            measure = (cohort.step + 1) % cfg.eval_every == 0 or final
+            before = ({n: p.detach().clone() for n, p in cohort.params.items()} if measure
+                      else None)
+            _step(cohort, *next(batches))
+            bar.update(1)
+            if measure:
+                _measure(cohort, before, start)
+                best = min(m.history["val_loss"][-1] for m in cohort.members)
+                bar.set_postfix(val=f"{best:.3f}")
+            cohort.elapsed = time.perf_counter() - start
+            if rank == 0 and cohort.step % cfg.checkpoint_every == 0 and not final:
+                _save_checkpoint(cohort)
+            if stop_after is not None and cohort.step >= stop_after:
+                return None
+    finally:  # on Ctrl-C too: the bar ends its line, the prefetching workers stop
+        bar.close()
+        batches.close()  # before the final evaluation
     records = _results(cohort, time.perf_counter() - start)
     if rank == 0:
         # written meanwhile with other settings? refuse, keep it

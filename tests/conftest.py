@@ -71,3 +71,14 @@ def bench_grid(monkeypatch):
 def collect_gpu_call(monkeypatch):
     """``benchmarks/collect_gpu_call.py``."""
     yield from _benchmark(monkeypatch, "collect_gpu_call")
+
+
+def public_names_are_exported(module) -> None:
+    """``module.__all__`` lists every class and function the module defines, its constants, and
+    nothing imported from elsewhere."""
+    defined = {n for n, v in vars(module).items()
+               if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__}
+    assert defined <= set(module.__all__)
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert not callable(value) or value.__module__ == module.__name__, name

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from conftest import public_names_are_exported
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.moe import MoE
 from gaugebook.rope import rope_frequencies, rotate, rotation_matrix
@@ -88,6 +89,16 @@ def test_rotate_refuses_more_frequencies_than_half_the_width():
         rotate(torch.ones(2, 4), torch.arange(2), rope_frequencies(6))
 
 
+def test_rotate_needs_one_position_per_token_and_frequencies_an_even_integer():
+    with pytest.raises(ValueError, match=r"positions must be \[T\], one per token of x "
+                                         r"\[\.\.\., T, d\] \(or \[1\]\): got positions of "
+                                         r"shape \(5,\) for x of shape \(2, 6, 8\)"):
+        rotate(torch.randn(2, 6, 8), torch.arange(5), rope_frequencies(8))
+    for rotary_dim in (4.0, True, 3, 0):
+        with pytest.raises(ValueError, match="rotary_dim must be a positive even integer, got"):
+            rope_frequencies(rotary_dim)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(d_model=8, n_heads=2, d_head=4, rotary_dim=2), "rotary_dim=2 needs rope"),
     (dict(d_model=8, n_heads=2, d_head=4, rope=True, rope_base=1.0), "rope_base must be greater"),
@@ -136,6 +147,11 @@ def test_bad_input_shape_is_rejected():
         assert m(torch.randn(2, 5, 8, dtype=torch.bfloat16)).shape == (2, 5, 8)
     with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
         MultiHeadAttention(8, 2, 4, dtype=torch.int64)
+    for make in (lambda: MultiHeadAttention(16, 4, 4, dtype="float64"),
+                 lambda: MoE(8, 4, 6, 2, dtype="float64")):
+        with pytest.raises(TypeError, match="dtype must be a torch.dtype, e.g. torch.float64, "
+                                            "got 'float64'"):
+            make()
 
 
 @pytest.mark.parametrize("kw, shape, name", [
@@ -172,3 +188,11 @@ def test_documented_shift_shapes_add_per_head_biases():
         torch.testing.assert_close(q - q0, sq.expand(4, 4)[None, :, None].expand_as(q))
         torch.testing.assert_close(v - v0, sv.expand(2, 4)[None, :, None].expand_as(v))
         assert m(x, query_shift=sq, value_shift=sv).shape == (2, 5, 8)
+
+
+
+def test_all_lists_the_public_names_of_attention_and_rope():
+    from gaugebook import attention, rope
+    for module in (attention, rope):
+        public_names_are_exported(module)
+    assert "ROPE_MODES" in attention.__all__

@@ -62,3 +62,35 @@ def test_pages_start_in_a_valid_colour_mode():
     context = {"default_mode": "dark"}
     ext.default_mode(None, "book/05_rope", "page.html", context, None)
     assert context["default_mode"] == "dark"
+
+
+LISTS = Path(__file__).resolve().parents[1] / "book" / "_ext" / "book_lists.py"
+lists_spec = importlib.util.spec_from_file_location("book_lists", LISTS)
+lists = importlib.util.module_from_spec(lists_spec)
+lists_spec.loader.exec_module(lists)
+
+
+def test_a_listed_title_loses_the_parentheses_the_page_puts_around_it():
+    from docutils import nodes
+
+    def titled(*children):
+        return nodes.section("", nodes.title("", "", *children))
+
+    assert lists._title(titled(nodes.Text(" (Stabiliser of a pair)"))).astext() == \
+        "Stabiliser of a pair"
+    math = titled(nodes.Text(" (The group "), nodes.math("", "S_H"), nodes.Text(")"))
+    inner = lists._title(math)
+    assert inner.astext() == "The group S_H" and isinstance(inner.children[1], nodes.math)
+    assert lists._title(titled(nodes.Text(" (A (★☆☆, 15 min))"))).astext() == "A (★☆☆, 15 min)"
+    assert lists._title(titled()) is None and lists._title(nodes.section()) is None
+
+
+def test_a_figure_is_listed_with_the_first_sentence_of_its_caption():
+    from docutils import nodes
+
+    figure = nodes.figure("", nodes.caption("", "", nodes.Text("An orbit, in "),
+                                            nodes.math("", "\\mathbb R^3"),
+                                            nodes.Text(". The rest: more.")), ids=["f"])
+    name, first = lists._figure(figure, {"figure": {"f": (4, 2)}})
+    assert name == "Figure 4.2" and first.astext() == "An orbit, in \\mathbb R^3."
+    assert lists._figure(figure, {}) is None  # not numbered: not listed

@@ -1,8 +1,10 @@
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,53 @@ def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path):
         assert two["provenance"]["world_size"] == 2
         assert two["history"]["val_loss"] == pytest.approx(one["history"]["val_loss"], rel=1e-4)
         assert two["history"]["train_loss"] == pytest.approx(one["history"]["train_loss"], rel=1e-4)
+
+
+def test_the_command_line_skips_finished_runs_and_refuses_other_settings(tmp_path, capsys):
+    args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
+            "eval_every=2", "--set", "probe_instances=4"]
+    main([*args, "--set", "steps=2"])
+    assert "already finished" not in capsys.readouterr().err
+    main([*args, "--set", "steps=2"])
+    assert f"4 of 4 runs already finished in {tmp_path}: skipped" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the parser's error, before any training
+        main([*args, "--set", "steps=3"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "error: " in err and "with other settings (steps: 2 there, 3 here)" in err
+
+
+def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path):
+    """A real Ctrl-C (SIGINT to the process group) once a checkpoint exists: one line, no
+    traceback, exit code 130."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gaugebook.experiment", "--preset", "cpu-smoke", "--out",
+           str(out), "--device", "cpu", "--set", "steps=100000", "--set", "checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,  # a process group of its own, as a shell's
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    checkpoint = out / "checkpoints" / "ecd-symmetric-prelu-s0.pt"
+    assert err.rstrip().splitlines()[-1] == (f"interrupted: the latest checkpoint is {checkpoint}; "
+                                            "rerun the same command to resume")
+
+
+def test_the_help_shows_the_examples_as_written(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--batched \\\n        --data-workers 4" in out
+    assert "cpu or cuda[:i] (default: cuda if available" in " ".join(out.split())
 
 
 def test_unknown_names_list_the_valid_ones(capsys):

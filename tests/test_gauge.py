@@ -1,3 +1,5 @@
+import typing
+
 import pytest
 import torch
 
@@ -209,9 +211,15 @@ def test_elements_compose_with_single_factors_and_either_argument_order(generato
     assert max_param_difference((qk @ GaugeElement(vo)).act(m), both.act(m)) == 0
     assert max_param_difference((GaugeElement(qk) @ vo).act(m), both.act(m)) == 0
     assert invariance_error(m, both, x) == invariance_error(both, m, x) < 1e-13  # DESIGN's f, g
-    with pytest.raises(TypeError, match="a GaugeElement and an nn.Module, then the inputs; got "
-                       "Tensor and MultiHeadAttention"):
+    # a bare factor is the element of that factor, in either order
+    assert invariance_error(qk, m, x) == invariance_error(m, qk, x) \
+        == invariance_error(GaugeElement(qk), m, x) < 1e-13
+    with pytest.raises(TypeError, match=r"a GaugeElement \(or one Factor\) and an nn.Module, then "
+                       "the inputs; got Tensor and MultiHeadAttention"):
         invariance_error(x, m)
+    hints = typing.get_type_hints(invariance_error)
+    for name in ("element", "module"):  # either argument order is annotated
+        assert {GaugeElement, torch.nn.Module} <= set(typing.get_args(hints[name])), name
 
 
 def test_elements_act_on_attention_inside_larger_models(generator):

@@ -66,6 +66,17 @@ def test_logits_lose_the_embedding_shift(bias):
     assert lp["embedding_shift"] - logits["embedding_shift"] == 6 - (not bias)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(rope=True, n_embd=8)])
+def test_redundancy_terms_default_counts_log_probabilities(kw):
+    """As the docstring says: the default output is the log-probabilities', whose count is not
+    the GPT's own (its logits)."""
+    gpt = GPT(config(**kw))
+    terms, logits = redundancy_terms(gpt.config), redundancy_terms(gpt.config, output="logits")
+    assert sum(terms.values()) == predicted_redundancy(LogProbabilities(gpt))
+    assert sum(logits.values()) == predicted_redundancy(gpt) < sum(terms.values())
+    assert 'output="log_probs"`` (the default)' in redundancy_terms.__doc__
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(bias=False, activation="prelu"), dict(n_kv_head=1)])
 def test_standalone_block(kw):
     torch.manual_seed(0)

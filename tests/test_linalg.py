@@ -5,6 +5,7 @@ import pytest
 import scipy.linalg
 import torch
 
+from conftest import public_names_are_exported
 from gaugebook.linalg import (loglog_slope, numerical_rank, principal_cosines, random_gl,
                               relative_change, remove_components)
 
@@ -98,3 +99,9 @@ def test_relative_change_and_spread_refuse_what_would_mislead():
 def test_a_condition_number_must_be_finite_and_at_least_one(cond):
     with pytest.raises(ValueError, match="condition number cond must be finite and >= 1"):
         random_gl(3, cond)
+
+
+def test_all_lists_the_public_names():
+    from gaugebook import linalg
+    public_names_are_exported(linalg)
+    assert {"DTYPE", "ZERO_RTOL"} <= set(linalg.__all__)

@@ -298,6 +298,23 @@ def test_charges_validate_their_input():
         charges(a, p["W_Q"])
 
 
+def test_a_model_without_attention_and_mismatched_factors_are_refused():
+    linear = torch.nn.Linear(3, 3)
+    for compute in (lambda: flow_invariants(linear), lambda: charges(linear, {})):
+        with pytest.raises(TypeError, match="Linear contains no MultiHeadAttention"):
+            compute()
+    with pytest.raises(ValueError, match=r"W_Q \[\.\.\., D, dk\] and W_K .* got shapes "
+                                         r"\(4, 16, 4\) and \(4, 16, 3\)"):
+        qk_flow_invariant(torch.randn(4, 16, 4), torch.randn(4, 16, 3))
+    with pytest.raises(ValueError, match="broadcastable"):
+        qk_flow_invariant(torch.randn(4, 16, 4), torch.randn(3, 16, 4))
+    with pytest.raises(ValueError, match=r"W_O \[\.\.\., dv, D'\]"):
+        vo_flow_invariant(torch.randn(16, 4), torch.randn(3, 16))
+    # a query with a bias row beside a key without: rows may differ, one dk x dk per head
+    assert qk_flow_invariant(torch.randn(2, 17, 4), torch.randn(2, 16, 4)).shape == (2, 4, 4)
+    assert vo_flow_invariant(torch.randn(16, 3), torch.randn(3, 16)).shape == (3, 3)
+
+
 def test_gradient_of_a_gpt_carries_no_charge_unless_the_symmetry_is_broken():
     """An invariant loss has its gradient orthogonal to every orbit: ``J(theta, grad L) = 0`` in
     every layer. With the (eval-mode, fixed) breaking biases that fails."""

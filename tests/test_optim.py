@@ -632,6 +632,20 @@ def test_per_tensor_blocks_follow_the_equations():
         assert (flat(model) - theta).abs().max() < 1e-12, f"step {step + 1}"
 
 
+def test_gpt2_blocks_are_tensors_not_names():
+    """The docstring's GPT-2 partition works; the names of gpt2_tensors get an error that says
+    how to turn them into tensors."""
+    from gaugebook.gpt import GPT, GPTConfig
+    model = GPT(GPTConfig(20, 8, 1, 2, 8))
+    params = dict(model.named_parameters())
+    hp = dict(lr=0.1, eta=1.0, F0=0.0, projection="per_tensor")
+    blocks = [[params[n] for n in names] for names in model.gpt2_tensors()]
+    ECD(model.parameters(), blocks=blocks, **hp)
+    with pytest.raises(TypeError, match=r"block 0 holds a str; pass tensors, e\.g\. "
+                                        r"\[\[params\[n\] for n in names\]"):
+        ECD(model.parameters(), blocks=model.gpt2_tensors(), **hp)
+
+
 @pytest.mark.filterwarnings("ignore:optimizer contains a parameter group with duplicate")
 def test_contract_errors():
     model = mlp()

@@ -71,6 +71,23 @@ def test_rank_deficient_weights_add_redundancy(generator):
     assert redundancy(m, probe(m, generator)).dimension > predicted_redundancy(m)
 
 
+def test_gpt2_initialisation_is_not_generic():
+    """The example of redundancy's docstring: a fresh GPT (LayerNorm gains 1, biases 0) has 250
+    redundant directions, not the theory's 218; make_generic_ gives the 218."""
+    from gaugebook.gpt import GPT, GPTConfig
+    from gaugebook.gpt_redundancy import make_generic_
+    torch.manual_seed(0)
+    config = GPTConfig(11, 8, 1, 2, 8)
+    idx = torch.randint(0, 11, (40, 8))
+    fresh = GPT(config).double()
+    assert predicted_redundancy(fresh) == 218
+    assert redundancy(fresh, idx).dimension == 250
+    generic = make_generic_(GPT(config).double(), generator=torch.Generator().manual_seed(0))
+    assert redundancy(generic, idx).dimension == 218
+    assert "make_generic_" in redundancy.__doc__ and "make_generic_" in \
+        predicted_redundancy.__doc__
+
+
 def test_too_few_outputs_warn(generator):
     m = MultiHeadAttention(6, 3, 4, dtype=torch.float64, generator=generator)
     with pytest.warns(UserWarning, match="more or longer inputs"):

@@ -153,6 +153,18 @@ def test_table_html_escapes_and_formats():
         Table(["a"], [[1, 2]])
 
 
+def test_table_prints_as_fixed_width_text():
+    table = Table(["a<b", "x", "n"], [[1.23456, None, 3], [Table.Raw("d<sub>k</sub>"), "<i>",
+                                                            math.nan]], caption="c&d")
+    assert str(table) == repr(table) == "\n".join([
+        "c&d",
+        "a<b    x    n",
+        "-----  ---  ---",
+        "1.235  \u2013    3",
+        "dk     <i>  n/a"])
+    assert str(Table(["$W_Q$"], [])) == "$W_Q$\n-----"  # TeX as written, no rows
+
+
 def test_table_sets_tex_between_dollars_as_mathml():
     """``$...$`` in a cell, a raw cell or the caption becomes MathML; text around it is escaped
     (raw cells excepted); an unknown command is refused instead of printed as ``\\name``."""
