@@ -11,7 +11,6 @@ title are filled in) and the numbers Sphinx gave them.
 from __future__ import annotations
 
 import re
-from copy import deepcopy
 from functools import cache
 
 from docutils import nodes
@@ -42,7 +41,8 @@ def _title(node):
     title = node.next_node(nodes.title)
     if title is None or not title.children:
         return None
-    inner = nodes.inline("", "", *(deepcopy(child) for child in title.children))
+    # a node's own deepcopy: copy.deepcopy would follow .parent and copy the whole document
+    inner = nodes.inline("", "", *(child.deepcopy() for child in title.children))
     first, last = inner.children[0], inner.children[-1]
     if isinstance(first, nodes.Text) and first.lstrip().startswith("("):
         inner.replace(first, nodes.Text(first.lstrip()[1:]))
@@ -75,7 +75,7 @@ def _figure(node, numbers):
         if end:
             first += nodes.Text(text[:end.start()] + ".")
             break
-        first += deepcopy(child)
+        first += child.deepcopy()
     return f"Figure {'.'.join(map(str, number))}", first
 
 
