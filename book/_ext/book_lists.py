@@ -71,7 +71,7 @@ def _figure(node, numbers):
     first = nodes.inline()
     for child in caption.children:
         text = child.astext() if isinstance(child, nodes.Text) else None
-        end = re.search(r"[.:](\s|$)", text) if text is not None else None
+        end = re.search(r"\.(\s|$)", text) if text is not None else None
         if end:
             first += nodes.Text(text[:end.start()] + ".")
             break
