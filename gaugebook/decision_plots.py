@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import to_rgba
 from matplotlib.lines import Line2D
 
-from gaugebook.plots import PALETTE
+from gaugebook.plots import PALETTE, range_band
 from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, _rounded,
                                arm_of, common_steps, final_statistic, find_results, load_runs,
                                pairs_by_seed)
@@ -217,9 +216,7 @@ def band_panels(runs: list[Run], keys="val_loss", *, arms=None, log=(),
                         marker=SYMMETRY_MARKER[symmetry], ms=5,
                         markevery=_marks(len(band["step"]), k, len(SYMMETRY_COLOR)),
                         label=f"{symmetry} ({len(chosen)} seeds)")
-                ax.fill_between(band["step"], band["min"], band["max"],
-                                facecolor=to_rgba(colour, 0.25), edgecolor=colour,
-                                linewidth=0.6)
+                range_band(ax, band["step"], band["min"], band["max"], colour)
             if key in log:
                 ax.set_yscale("log")
         row[0].set_ylabel(ROW_LABELS.get(key, key))

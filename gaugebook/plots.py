@@ -8,7 +8,7 @@ linear channels (:math:`c / 12.92` for an sRGB channel :math:`c \le 0.04045`, el
 from __future__ import annotations
 
 import matplotlib as mpl
-from matplotlib.colors import to_rgb
+from matplotlib.colors import to_rgb, to_rgba
 
 # Okabe-Ito palette, distinguishable under the common colour-vision deficiencies, except that its
 # orange #E69F00 (2.25:1 on white) is darkened to #C88600 (3.06:1; a data line needs 3:1). No
@@ -44,6 +44,14 @@ def text_colour(colour, ratio: float = 4.5) -> tuple[float, float, float]:
         low, high = (low, mid) if contrast_ratio([(1 - mid) * c for c in rgb]) >= ratio \
             else (mid, high)
     return tuple((1 - high) * c for c in rgb)
+
+
+def range_band(ax, x, low, high, colour, **kwargs):
+    """The range of several seeds, ``low`` to ``high`` over ``x``, as a band of ``colour``:
+    filled at alpha 0.25, with an edge in the full colour, which keeps the band's extent visible
+    where the faint fill is hard to tell from the background. Returns matplotlib's collection."""
+    return ax.fill_between(x, low, high, facecolor=to_rgba(colour, 0.25), edgecolor=colour,
+                           linewidth=0.6, **kwargs)
 
 
 def use_book_style() -> None:

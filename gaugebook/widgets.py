@@ -22,7 +22,6 @@ import math
 
 import ipywidgets as widgets
 import torch
-from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from gaugebook.attention import MultiHeadAttention
@@ -30,7 +29,7 @@ from gaugebook.checks import check_number
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.notebook import flat
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
-from gaugebook.plots import PALETTE
+from gaugebook.plots import PALETTE, range_band
 
 __all__ = ["probe_layer", "invariance_errors", "condition_figure", "ConditionExplorer",
            "orbit_path", "orbit_figure", "OrbitExplorer"]
@@ -103,8 +102,7 @@ def condition_figure(conds, errors: dict[str, torch.Tensor], *,
         if err.ndim != 2 or err.shape[1] != len(conds):
             raise ValueError(f"errors[{name!r}] must have shape [n_seeds, {len(conds)}], "
                              f"got {tuple(err.shape)}")
-        ax.fill_between(conds, err.min(0).values, err.max(0).values,
-                        facecolor=to_rgba(colour, 0.25), edgecolor=colour, linewidth=0.6)
+        range_band(ax, conds, err.min(0).values, err.max(0).values, colour)
         ax.plot(conds, err.median(0).values, "o", color=colour, label=f"{name} (median, range)")
         C = constants.get(name, 1.0)
         ax.plot(conds, C * conds * _eps(name), "--", color=colour,

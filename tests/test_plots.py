@@ -35,3 +35,17 @@ def test_text_colour_darkens_only_as_far_as_it_must_and_keeps_the_hue(colour):
 
 def test_text_colour_for_another_ratio():
     assert contrast_ratio(text_colour("#E69F00", 3.0)) == pytest.approx(3.0, abs=1e-6)
+
+
+def test_a_range_band_has_a_faint_fill_and_an_edge_in_the_full_colour():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from gaugebook.plots import range_band
+
+    fig, ax = plt.subplots()
+    band = range_band(ax, [1, 2, 3], [0, 1, 2], [1, 2, 4], PALETTE[0], label="seeds")
+    assert tuple(band.get_facecolor()[0]) == pytest.approx(to_rgba(PALETTE[0], 0.25))
+    assert tuple(band.get_edgecolor()[0]) == pytest.approx(to_rgba(PALETTE[0]))
+    assert band.get_linewidth()[0] == pytest.approx(0.6) and band.get_label() == "seeds"
+    plt.close(fig)
