@@ -52,21 +52,23 @@ def _title(node):
     return inner if inner.astext().strip() else None
 
 
-def _statement(node, numbers):
-    """("Proposition 4.2", its title) of a numbered sphinx-proof statement, else None."""
-    kind, counter = node.get("realtype"), node.get("countertype")
-    number = numbers.get(counter, {}).get(node["ids"][0]) if kind and node["ids"] else None
-    title = _title(node)
-    if number is None or title is None:
-        return None
-    return f"{kind.capitalize()} {'.'.join(map(str, number))}", title
+def _name(node, numbers, counter, kind):
+    """``"Proposition 4.2"``: ``kind`` and the number Sphinx gave ``node`` among the things
+    counted by ``counter``, or None if it has none."""
+    number = numbers.get(counter, {}).get(node["ids"][0]) if node["ids"] else None
+    return None if number is None else f"{kind} {'.'.join(map(str, number))}"
+
+
+def _titled(node, numbers, counter, kind):
+    """(name, title) of a numbered statement or exercise with a title, else None."""
+    name, title = _name(node, numbers, counter, kind), _title(node)
+    return None if name is None or title is None else (name, title)
 
 
 def _figure(node, numbers):
     """("Figure 4.1", the first sentence of its caption) of a numbered figure, else None."""
-    number = numbers.get("figure", {}).get(node["ids"][0]) if node["ids"] else None
-    caption = node.next_node(nodes.caption)
-    if number is None or caption is None:
+    name, caption = _name(node, numbers, "figure", "Figure"), node.next_node(nodes.caption)
+    if name is None or caption is None:
         return None
     first = nodes.inline()
     for child in caption.children:
@@ -76,16 +78,7 @@ def _figure(node, numbers):
             first += nodes.Text(text[:end.start()] + ".")
             break
         first += child.deepcopy()
-    return f"Figure {'.'.join(map(str, number))}", first
-
-
-def _exercise(node, numbers):
-    """("Exercise 4.1", its title: difficulty and time included) of an exercise, else None."""
-    number = numbers.get("exercise", {}).get(node["ids"][0]) if node["ids"] else None
-    title = _title(node)
-    if number is None or title is None:
-        return None
-    return f"Exercise {'.'.join(map(str, number))}", title
+    return name, first
 
 
 KINDS = {
@@ -94,7 +87,14 @@ KINDS = {
     "figures": lambda n: isinstance(n, nodes.figure),
     "exercises": lambda n: type(n).__name__ == "exercise_enumerable_node",
 }
-ENTRY = {"results": _statement, "figures": _figure, "exercises": _exercise}
+# (name, title) of a listed node: a statement by its sphinx-proof type and counter; an exercise
+# with its title, difficulty and time included
+ENTRY = {
+    "results": lambda n, numbers: _titled(n, numbers, n["countertype"],
+                                          n["realtype"].capitalize()),
+    "figures": _figure,
+    "exercises": lambda n, numbers: _titled(n, numbers, "exercise", "Exercise"),
+}
 
 
 @cache
