@@ -33,7 +33,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
 * figures: every image of the page's own (a file under ``_images/``) is a link to itself, so
   that a reader whose screen shrinks it can open it at full size (``gaugebook.js``);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
-  every request the pages made (no 404 other than ``/favicon.ico``);
+  every request the pages made (no 404 other than ``/favicon.ico``); every link to a file of the
+  book (a relative URL: a page, a figure's slide files) names a file the build has;
 * no cell output on stderr: a warning or a log message (e.g. matplotlib's ``findfont`` when
   its font cache is stale) is bookkeeping the reader should not see;
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -242,6 +243,7 @@ class StaticPage(HTMLParser):
         self.widget_views = 0   # embedded widget views: the embedder must render each
         self.interactive = 0    # gaugebook.interactive figures: each control must respond
         self.remote = []        # scripts and stylesheets on another host
+        self.local_links = []   # links to files of the book (relative URLs), without #fragment
         self.stderr = 0         # cell outputs on stderr (warnings, log messages)
 
     def handle_starttag(self, tag, attrs):
@@ -254,6 +256,9 @@ class StaticPage(HTMLParser):
             self.widget_views += 1
         if tag == "div" and INTERACTIVE in classes(attrs):
             self.interactive += 1
+        href = a.get("href") if tag == "a" else None
+        if href and not re.match(r"[a-z][a-z0-9+.-]*:|//|#", href):
+            self.local_links.append(href.split("#")[0].split("?")[0])
         url = a.get("src") if tag == "script" else a.get("href") if tag == "link" else None
         if url and re.match(r"(https?:)?//", url) and (tag == "script" or "stylesheet" in (a.get("rel") or "")):
             self.remote.append(url)
@@ -441,6 +446,10 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
     result = Result(page, static)
     for url in static.remote:
         result.failures.append(f"references {url} on another host (it cannot load offline)")
+    for link in sorted(set(static.local_links)):
+        target = (html_dir / page).parent / link
+        if link and not (target.is_file() or (target / "index.html").is_file()):
+            result.failures.append(f"links to {link}, which the build does not have")
     if static.stderr:
         result.failures.append(f"{static.stderr} cell outputs on stderr (a warning or log "
                                "message shown to readers: fix its cause)")

@@ -8,6 +8,7 @@ small helpers that many chapters' checks share (:func:`flat`, :func:`with_weight
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import torch
@@ -16,13 +17,22 @@ from IPython.display import display
 from gaugebook.linalg import relative_change
 from gaugebook.results import Table
 
-__all__ = ["glue", "relative_change", "flat", "with_weights", "html_table", "recorded_command",
+__all__ = ["glue", "export_figure", "FIGURES_ENV", "relative_change", "flat", "with_weights", "html_table", "recorded_command",
            "repo_relative", "in_colab"]
+
+
+# The folder, if any, where :func:`glue` also saves every glued figure for slides (the book's
+# build sets it; see book/_ext/figure_files.py).
+FIGURES_ENV = "GAUGEBOOK_FIGURES"
 
 
 def glue(name: str, value, display_value: bool = True) -> None:
     """Store ``value`` under ``name`` for ``{glue}`` roles in the rendered book (``myst_nb.glue``);
-    where myst-nb is not installed (Colab), just show it."""
+    where myst-nb is not installed (Colab), just show it. A matplotlib figure is also saved by
+    :func:`export_figure` when the environment variable ``GAUGEBOOK_FIGURES`` names a folder."""
+    folder = os.environ.get(FIGURES_ENV)
+    if folder and _is_figure(value):
+        export_figure(name, value, folder)
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
@@ -30,6 +40,23 @@ def glue(name: str, value, display_value: bool = True) -> None:
             display(value)
         return
     myst_glue(name, value, display=display_value)
+
+
+def export_figure(name: str, fig, folder) -> list[Path]:
+    """Save ``fig`` for slides and print: ``folder/name.svg`` (vector) and ``folder/name.png``
+    at 300 dpi, both with a white background. Returns the two paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.svg", folder / f"{name}.png"]
+    for path, dpi in zip(paths, ("figure", 300)):
+        fig.savefig(path, dpi=dpi, facecolor="white", bbox_inches="tight")
+    return paths
+
+
+def _is_figure(value) -> bool:
+    from matplotlib.figure import Figure
+
+    return isinstance(value, Figure)
 
 
 def flat(module: torch.nn.Module) -> torch.Tensor:

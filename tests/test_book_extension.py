@@ -1,12 +1,16 @@
-"""The book's Sphinx extension (``book/_ext/gaugebook_book.py``): launch buttons at the release
-tag, Colab on the Colab edition, and each inline script once (the ``THEBE_JS_URL`` error)."""
+"""The book's Sphinx extensions (``book/_ext/``): launch buttons at the release tag, Colab on the
+Colab edition, and each inline script once (the ``THEBE_JS_URL`` error); the lists page; the
+figures' files for slides."""
 import importlib.util
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import gaugebook
+from gaugebook.notebook import FIGURES_ENV
 
 _assets = pytest.importorskip("sphinx.builders.html._assets")
 
@@ -64,7 +68,11 @@ def test_pages_start_in_a_valid_colour_mode():
     assert context["default_mode"] == "dark"
 
 
-LISTS = Path(__file__).resolve().parents[1] / "book" / "_ext" / "book_lists.py"
+EXT = Path(__file__).resolve().parents[1] / "book" / "_ext"
+sys.path.insert(0, str(EXT))  # as Sphinx's local_extensions do: book_lists imports figure_files
+import figure_files  # noqa: E402
+
+LISTS = EXT / "book_lists.py"
 lists_spec = importlib.util.spec_from_file_location("book_lists", LISTS)
 lists = importlib.util.module_from_spec(lists_spec)
 lists_spec.loader.exec_module(lists)
@@ -94,3 +102,19 @@ def test_a_figure_is_listed_with_the_first_sentence_of_its_caption():
     name, first = lists._figure(figure, {"figure": {"f": (4, 2)}})
     assert name == "Figure 4.2" and first.astext() == "An orbit, in \\mathbb R^3."
     assert lists._figure(figure, {}) is None  # not numbered: not listed
+
+
+def test_a_figure_links_to_its_slide_files_from_any_page(tmp_path, monkeypatch):
+    builder = SimpleNamespace(format="html", get_target_uri=lambda doc: doc + ".html")
+    app = SimpleNamespace(outdir=str(tmp_path), builder=builder)
+    monkeypatch.delenv(FIGURES_ENV, raising=False)
+    figure_files.set_folder(app)
+    assert os.environ[FIGURES_ENV] == str(tmp_path / "figures")
+    assert figure_files.links(app, "book/lists", "ch05-fig-a") == []  # nothing saved yet
+    (tmp_path / "figures").mkdir()
+    for suffix in ("svg", "png"):
+        (tmp_path / "figures" / f"ch05-fig-a.{suffix}").write_text("")
+    found = figure_files.links(app, "book/lists", "ch05-fig-a")
+    assert [(n.astext(), n["refuri"]) for n in found] == [
+        ("SVG", "../figures/ch05-fig-a.svg"), ("PNG, 300 dpi", "../figures/ch05-fig-a.png")]
+    assert figure_files.links(app, "index", "ch05-fig-a")[0]["refuri"] == "figures/ch05-fig-a.svg"

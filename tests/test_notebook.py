@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.notebook import (flat, html_table, recorded_command, relative_change,
-                                repo_relative, with_weights)
+from gaugebook.notebook import (FIGURES_ENV, flat, glue, html_table, recorded_command,
+                                relative_change, repo_relative, with_weights)
 from gaugebook.results import Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +86,23 @@ def test_flat_and_with_weights(generator):
     assert torch.equal(moved.W_K, m.W_K) and moved.W_Q.requires_grad
     assert torch.equal(flat(m), theta)  # the module passed in is unchanged
     assert flat(moved).shape == theta.shape
+
+
+def test_a_glued_figure_is_saved_for_slides_only_when_the_build_asks(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1])
+    monkeypatch.delenv(FIGURES_ENV, raising=False)
+    glue("ch00-fig-line", fig, display_value=False)
+    assert not any(tmp_path.iterdir())  # no folder named: nothing written
+    monkeypatch.setenv(FIGURES_ENV, str(tmp_path / "figures"))
+    glue("ch00-fig-line", fig, display_value=False)
+    glue("ch00-number", 3.5, display_value=False)  # not a figure: not saved
+    plt.close(fig)
+    files = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert files == ["ch00-fig-line.png", "ch00-fig-line.svg"]
+    assert (tmp_path / "figures" / "ch00-fig-line.svg").read_text().lstrip().startswith("<?xml")
+    width, _ = Image.open(tmp_path / "figures" / "ch00-fig-line.png").size
+    assert width > 3.5 * 300  # 300 dpi: a 4-inch figure (less the trimmed margin)

@@ -1,7 +1,8 @@
 """Lists of the book's numbered things, for a reader who looks one up: every numbered statement
 (sphinx-proof's definitions, theorems, propositions, ...), every figure and every exercise
 (sphinx-exercise), chapter by chapter, each as a link with its number and its title (for a
-figure, the first sentence of its caption).
+figure, the first sentence of its caption, and links to the figure's files for slides, see
+``figure_files``).
 
 A page asks for a list with the directive ``{book-list} results`` (or ``figures``,
 ``exercises``). The list is built when the page is written, once every chapter has been read
@@ -15,6 +16,8 @@ from functools import cache
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
+
+from figure_files import links
 
 CHAPTER = re.compile(r"book/\d\d_")  # the chapters' document names; appendices have no numbers
 
@@ -115,7 +118,13 @@ def _chapter_list(app, fromdoc, doc, kind):
         name, title = entry
         uri = f"{app.builder.get_relative_uri(fromdoc, doc)}#{node['ids'][0]}"
         link = nodes.reference("", "", nodes.strong(name, name), refuri=uri, internal=True)
-        items += nodes.list_item("", nodes.paragraph("", "", link, nodes.Text(": "), title))
+        line = nodes.paragraph("", "", link, nodes.Text(": "), title)
+        files = links(app, fromdoc, node["ids"][0]) if kind == "figures" else []
+        for i, file_link in enumerate(files):
+            line += [nodes.Text(", " if i else " ("), file_link]
+        if files:
+            line += nodes.Text(")")
+        items += nodes.list_item("", line)
     return items if items.children else None
 
 
