@@ -331,7 +331,8 @@ def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     return layers
 
 
-def rope_commutant_element(d_head: int, rotary_dim: int, cond: float, *, gated: bool = False,
+def rope_commutant_element(d_head: int, rotary_dim: int, *, cond: float = 10.0,
+                           gated: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
     r"""A random ``M [d_head, d_head]`` that commutes with every RoPE rotation :math:`R_t`: a
     combination of the basis of :func:`gaugebook.lie.rope_commutant_basis`.
@@ -374,7 +375,7 @@ def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
 
 def _random_attention_element(m: MultiHeadAttention, cond: float, generator, target: str):
     if m.rope:
-        M = torch.stack([rope_commutant_element(m.d_head, m.rotary_dim, cond,
+        M = torch.stack([rope_commutant_element(m.d_head, m.rotary_dim, cond=cond,
                                                 gated=m.rope == "gated", generator=generator)
                          for _ in range(m.n_kv_heads)])
     else:

@@ -267,7 +267,7 @@ def test_bias_shifts_are_validated():
 @pytest.mark.parametrize("rotary_dim", [0, 3, 6])
 def test_rope_commutant_element_checks_the_rotary_dimension(rotary_dim):
     with pytest.raises(ValueError, match=f"at most d_head=4, got {rotary_dim}"):
-        gauge.rope_commutant_element(4, rotary_dim, 10.0)
+        gauge.rope_commutant_element(4, rotary_dim, cond=10.0)
 
 
 def test_factors_compare_by_identity():
