@@ -23,9 +23,14 @@ def chapter_size(number: int) -> tuple[int, int]:
     for title in titles:
         label = re.search(r"\(([^()]*)\)\s*$", title)
         assert label, f"chapter {number}: exercise title without (difficulty, time): {title}"
-        time = TIME.fullmatch(label.group(1).split(",")[1].strip())
-        if time:  # days and weeks are left out
+        # "15 min" of "(★☆☆, 15 min; objective 2)"
+        field = label.group(1).split(";")[0].split(",")[1].strip()
+        time = TIME.fullmatch(field)
+        if time:
             minutes += int(time.group(1)) * (60 if time.group(2) == "h" else 1)
+        else:  # days and weeks are left out; nothing else is
+            assert re.search(r"\b(days?|weeks?)\b", field), \
+                f"chapter {number}: exercise time {field!r} is not in min, h, days or weeks"
     return sum(len(m.split()) for m in markdown), minutes
 
 

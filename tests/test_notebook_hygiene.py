@@ -18,7 +18,8 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 - a folded cell's own toggle title (``mystnb.code_prompt_show``) reads "Show code: <what>", the
   form the Colab edition turns into its title, and only a folded (``hide-input``) cell has one,
 - no chapter's markdown uses a TeX macro that only the rendered book defines (``_config.yml``):
-  Jupyter, JupyterLab on Binder, VS Code and GitHub show the notebook without it.
+  Jupyter, JupyterLab on Binder, VS Code and GitHub show the notebook without it;
+- every chapter numbers its learning objectives, and every exercise names the ones it practises.
 
 These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
 (``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
@@ -250,3 +251,31 @@ def test_every_exercise_is_labelled_for_instructors():
     assert len(titles) >= 60
     unlabelled = [t for t in titles if not EXERCISE_LABEL.search(t)]
     assert unlabelled == []
+
+
+OBJECTIVES = re.compile(r"^`{3,}\{admonition\} Learning objectives\n(.*?)^`{3,}", re.M | re.S)
+EXERCISE_OBJECTIVES = re.compile(r"; objectives? (\d+(?:, \d+)*)\)$")
+
+
+def test_every_exercise_names_the_objectives_it_practises():
+    """Each chapter numbers its learning objectives (``1.``, ``2.``, ...), and each exercise's
+    title ends with the objectives it practises, ``(★☆☆, 15 min; objective 2)`` or
+    ``(...; objectives 1, 3)``, which must be numbers of its chapter's list."""
+    tagged = 0
+    for path in (p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)):
+        text = "\n".join(markdown_texts(path))
+        block = OBJECTIVES.search(text)
+        assert block, f"{path.name}: no Learning objectives admonition"
+        items = re.findall(r"^(\d+)\. \S", block.group(1), re.M)
+        assert items and items == [str(i) for i in range(1, len(items) + 1)], \
+            f"{path.name}: the learning objectives are not a numbered list 1, 2, ..."
+        assert not re.search(r"^[-*] ", block.group(1), re.M), f"{path.name}: a bullet objective"
+        for m in EXERCISE_TITLE.finditer(text):
+            title = m.group(1).strip()
+            found = EXERCISE_OBJECTIVES.search(title)
+            assert found, f"{path.name}: {title!r} names no objective"
+            numbers = [int(n) for n in found.group(1).split(", ")]
+            assert all(1 <= n <= len(items) for n in numbers), \
+                f"{path.name}: {title!r} names an objective the chapter does not have"
+            tagged += 1
+    assert tagged >= 60
