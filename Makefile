@@ -32,7 +32,11 @@ VENV_STAMP := $(VENV)/.installed
 # nb_ipywidgets_js). Only these files are copied out of node_modules.
 VENDOR := _vendor
 VENDOR_STAMP := $(VENDOR)/.installed
-MATHJAX := node_modules/mathjax/es5
+MATHJAX := node_modules/mathjax
+# MathJax 4's font (a package of its own): tex-chtml.js holds its metrics, the pages load its
+# woff2 files and the glyph ranges it loads on demand from mathjax/fonts/ (the pages' MathJax
+# configuration, _config.yml, points `loader.paths.fonts` there instead of a CDN).
+MATHJAX_FONT := node_modules/@mathjax/mathjax-newcm-font
 WIDGETS := node_modules/@jupyter-widgets/html-manager/dist
 
 # matplotlib's own configuration and font cache for every command here: a cache that another
@@ -81,16 +85,17 @@ node_modules/.package-lock.json: package.json package-lock.json
 
 $(VENDOR_STAMP): node_modules/.package-lock.json Makefile
 	rm -rf $(VENDOR)
-	mkdir -p $(VENDOR)/mathjax/input/tex $(VENDOR)/mathjax/output/chtml/fonts $(VENDOR)/jupyter-widgets
+	mkdir -p $(VENDOR)/mathjax/input/tex $(VENDOR)/mathjax/fonts/mathjax-newcm-font $(VENDOR)/jupyter-widgets
 	cp $(MATHJAX)/tex-chtml.js $(VENDOR)/mathjax/
 	cp -r $(MATHJAX)/input/tex/extensions $(VENDOR)/mathjax/input/tex/
-	cp -r $(MATHJAX)/output/chtml/fonts/woff-v2 $(VENDOR)/mathjax/output/chtml/fonts/
+	cp -r $(MATHJAX_FONT)/chtml $(VENDOR)/mathjax/fonts/mathjax-newcm-font/
 	cp -r $(MATHJAX)/ui $(MATHJAX)/a11y $(MATHJAX)/sre $(VENDOR)/mathjax/
-	cp node_modules/mathjax/LICENSE $(VENDOR)/mathjax/
+	cp $(MATHJAX)/LICENSE $(VENDOR)/mathjax/
 	cp node_modules/requirejs/require.js $(VENDOR)/require.js
 	cp $(WIDGETS)/embed-amd.js $(WIDGETS)/*.woff2 $(VENDOR)/jupyter-widgets/
 	printf '%s\n' "Third-party JavaScript served by the rendered book (copied by 'make assets'):" \
 	  "mathjax $$(node -p 'require("./node_modules/mathjax/package.json").version') (Apache-2.0)" \
+	  "@mathjax/mathjax-newcm-font $$(node -p 'require("./node_modules/@mathjax/mathjax-newcm-font/package.json").version') (Apache-2.0)" \
 	  "requirejs $$(node -p 'require("./node_modules/requirejs/package.json").version') (MIT)" \
 	  "@jupyter-widgets/html-manager $$(node -p 'require("./node_modules/@jupyter-widgets/html-manager/package.json").version') (BSD-3-Clause)" \
 	  > $(VENDOR)/THIRD_PARTY.txt

@@ -11,8 +11,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
 
 * math: when the built page holds math for MathJax (elements of class ``math``), at least as many
   ``<mjx-container>`` elements in the DOM (MathJax typeset each of them), no MathJax error
-  (``<mjx-merror>``, or an undefined macro, which MathJax shows in red), and no raw TeX
-  (``$...$``, ``$$``, ``\\(``, ``\\[``) in the visible text outside code;
+  (``<mjx-merror>``, or an undefined macro, which MathJax shows in red: read from the hidden
+  MathML copy and, since MathJax 4 names the TeX of each part, from the shown one), and no raw
+  TeX (``$...$``, ``$$``, ``\\(``, ``\\[``) in the visible text outside code;
 * widgets: when the page embeds ipywidgets views
   (``<script type="application/vnd.jupyter.widget-view+json">``), as many rendered views: a
   ``<div class="widget-subarea">`` holding an element of class ``jupyter-widgets``;
@@ -28,7 +29,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   88 columns and its style sheet makes 88 columns fit): a ``<pre>`` wider than its box, or a
   table wider than its cell's output area; nor does any displayed equation (the theme lets a
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
-  rendered a second time in a phone's 390 px window, the page as a whole does not scroll
+  rendered a second time in a phone's 390 px wide frame (headless Chromium's window is at
+  least 500 px wide), the page as a whole does not scroll
   sideways (a code block, table or equation may scroll inside its own box there);
 * figures: every image of the page's own (a file under ``_images/``) is a link to itself, so
   that a reader whose screen shrinks it can open it at full size (``gaugebook.js``);
@@ -70,12 +72,13 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--hide-scrollbars",  # as a phone's, which overlay the page instead of taking its width
     # close the network: every host name but 127.0.0.1 fails to resolve
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
     "--enable-logging=stderr", "--v=0",  # JavaScript console messages go to stderr
 )
 WINDOW = "1280,1024"  # the width the pages are measured at
-PHONE = "390,844"  # a phone's: each page is rendered a second time at this size
+PHONE = "390,844"  # a phone's: each page is rendered a second time in a frame of this size
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SKIP_TEXT = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "noscript", "svg",
              "template", "head", "mjx-container"}
@@ -226,7 +229,14 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
                                     page: document.documentElement.scrollWidth >
                                           window.innerWidth + 1 ? widening() : []});
   document.body.appendChild(pre);
+  if (window.parent !== window) {  // in the phone frame (PHONE_FRAME): report to the frame's page
+    window.parent.document.body.appendChild(window.parent.document.importNode(pre, true));
+  }
 }, 700); });</script>""" % WIDTHS_ID
+# Headless Chromium makes no window narrower than 500 px (--window-size=390,... gives a page
+# 500 px wide), so a page is rendered at a phone's width inside a frame of that width; its width
+# probe writes its report into the frame's page, which Chromium dumps.
+PHONE_FRAME = "/__phone__"
 CONSOLE_ERROR = re.compile(r'CONSOLE[^\]]*\] "(Uncaught[^"]*)", source: ([^ ]*)')
 
 
@@ -289,6 +299,9 @@ class RenderedPage(HTMLParser):
             self.mjx += 1
         if tag in ("mjx-merror", "merror"):
             self.mjx_errors.append(a.get("data-mjx-error") or a.get("title") or "MathJax error")
+        if (tag == "mjx-mtext" and "color: red" in (a.get("style") or "")  # MathJax 4
+                and re.fullmatch(r"\\[A-Za-z]+", a.get("data-latex") or "")):
+            self.mjx_errors.append(f"undefined control sequence {a['data-latex']}")
         self._red_mtext = tag == "mtext" and a.get("mathcolor") == "red"
         if "jupyter-widgets" in cls and self._open_subareas():
             self.subareas[self._open_subareas()[-1]] = True
@@ -352,6 +365,18 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self):
         """Serve each page with the console recorder (:data:`RECORDER`) first in its head, and
         a page that holds an interactive figure also with the probe (:data:`PROBE`)."""
+        if self.path.startswith(PHONE_FRAME + "?"):
+            width, height = PHONE.split(",")
+            page = html.escape(self.path.split("?", 1)[1], quote=True)
+            body = (f'<!DOCTYPE html><html><body style="margin:0"><iframe src="{page}" '
+                    f'style="width:{width}px;height:{height}px;border:0"></iframe></body>'
+                    "</html>").encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         path = self.translate_path(self.path)
         if path.endswith(".html") and os.path.isfile(path):
             text = Path(path).read_text(encoding="utf-8")
@@ -427,7 +452,8 @@ def check_phone(chromium: str, url: str, budget_ms: int, failures: list[str]) ->
     """The page rendered in a phone's window does not scroll sideways as a whole (a code block,
     a table or an equation may scroll inside its own box)."""
     try:
-        dom, _ = render(chromium, url, budget_ms, PHONE)
+        origin, path = re.match(r"(https?://[^/]+)(/.*)", url).groups()
+        dom, _ = render(chromium, f"{origin}{PHONE_FRAME}?{path}", budget_ms)
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         failures.append(f"could not render at {PHONE}: {error}")
         return
