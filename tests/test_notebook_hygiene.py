@@ -19,7 +19,8 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
   form the Colab edition turns into its title, and only a folded (``hide-input``) cell has one,
 - no chapter's markdown uses a TeX macro that only the rendered book defines (``_config.yml``):
   Jupyter, JupyterLab on Binder, VS Code and GitHub show the notebook without it;
-- every chapter numbers its learning objectives, and every exercise names the ones it practises.
+- every chapter numbers its learning objectives, every exercise names the ones it practises,
+  and every objective has an exercise.
 
 These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
 (``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
@@ -260,7 +261,8 @@ EXERCISE_OBJECTIVES = re.compile(r"; objectives? (\d+(?:, \d+)*)\)$")
 def test_every_exercise_names_the_objectives_it_practises():
     """Each chapter numbers its learning objectives (``1.``, ``2.``, ...), and each exercise's
     title ends with the objectives it practises, ``(★☆☆, 15 min; objective 2)`` or
-    ``(...; objectives 1, 3)``, which must be numbers of its chapter's list."""
+    ``(...; objectives 1, 3)``, which must be numbers of its chapter's list; every objective is
+    practised by at least one exercise of its chapter."""
     tagged = 0
     for path in (p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)):
         text = "\n".join(markdown_texts(path))
@@ -270,6 +272,7 @@ def test_every_exercise_names_the_objectives_it_practises():
         assert items and items == [str(i) for i in range(1, len(items) + 1)], \
             f"{path.name}: the learning objectives are not a numbered list 1, 2, ..."
         assert not re.search(r"^[-*] ", block.group(1), re.M), f"{path.name}: a bullet objective"
+        practised = set()
         for m in EXERCISE_TITLE.finditer(text):
             title = m.group(1).strip()
             found = EXERCISE_OBJECTIVES.search(title)
@@ -277,5 +280,8 @@ def test_every_exercise_names_the_objectives_it_practises():
             numbers = [int(n) for n in found.group(1).split(", ")]
             assert all(1 <= n <= len(items) for n in numbers), \
                 f"{path.name}: {title!r} names an objective the chapter does not have"
+            practised |= set(numbers)
             tagged += 1
+        unpractised = sorted(set(range(1, len(items) + 1)) - practised)
+        assert not unpractised, f"{path.name}: no exercise practises objectives {unpractised}"
     assert tagged >= 60
