@@ -364,18 +364,14 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self):
         """Serve each page with the console recorder (:data:`RECORDER`) first in its head, and
-        a page that holds an interactive figure also with the probe (:data:`PROBE`)."""
+        a page that holds an interactive figure also with the probe (:data:`PROBE`);
+        ``PHONE_FRAME?/page`` is a page that shows ``/page`` in a phone-sized frame."""
         if self.path.startswith(PHONE_FRAME + "?"):
             width, height = PHONE.split(",")
             page = html.escape(self.path.split("?", 1)[1], quote=True)
-            body = (f'<!DOCTYPE html><html><body style="margin:0"><iframe src="{page}" '
-                    f'style="width:{width}px;height:{height}px;border:0"></iframe></body>'
-                    "</html>").encode("utf-8")
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._send_html(f'<!DOCTYPE html><html><body style="margin:0"><iframe src="{page}" '
+                            f'style="width:{width}px;height:{height}px;border:0"></iframe>'
+                            "</body></html>")
             return
         path = self.translate_path(self.path)
         if path.endswith(".html") and os.path.isfile(path):
@@ -385,14 +381,17 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
             if f'class="{INTERACTIVE}"' in text:
                 text = text.replace("</body>", PROBE + "</body>", 1)
             if RECORDER in text:
-                body = text.encode("utf-8")
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._send_html(text)
                 return
         super().do_GET()
+
+    def _send_html(self, text: str) -> None:
+        body = text.encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 def find_chromium(explicit: str | None) -> str:
