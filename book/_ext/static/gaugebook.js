@@ -15,22 +15,3 @@ document.addEventListener("DOMContentLoaded", function () {
   });
 });
 
-// MathJax 4 breaks a display equation wider than its column into lines when it typesets the
-// page (_config.yml: output.displayOverflow). When the column's width changes (a phone turned,
-// a window resized), break them again for the new width.
-(function () {
-  var width = window.innerWidth, timer = null;
-  window.addEventListener("resize", function () {
-    clearTimeout(timer);
-    timer = setTimeout(function () {
-      var mj = window.MathJax;
-      if (window.innerWidth === width || !(mj && mj.startup && mj.startup.promise && mj._)) {
-        return;
-      }
-      width = window.innerWidth;
-      mj.startup.promise.then(function () {
-        return mj.startup.document.rerenderPromise(mj._.core.MathItem.STATE.METRICS);
-      });
-    }, 300);
-  });
-})();
