@@ -17,8 +17,8 @@ from IPython.display import display
 from gaugebook.linalg import relative_change
 from gaugebook.results import Table
 
-__all__ = ["glue", "export_figure", "FIGURES_ENV", "relative_change", "flat", "with_weights", "html_table", "recorded_command",
-           "repo_relative", "in_colab"]
+__all__ = ["glue", "export_figure", "FIGURES_ENV", "relative_change", "flat", "with_weights",
+           "html_table", "recorded_command", "repo_relative", "in_colab"]
 
 
 # The folder, if any, where :func:`glue` also saves every glued figure for slides (the book's
