@@ -447,12 +447,12 @@ def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict
     return report
 
 
-def check_phone(chromium: str, url: str, budget_ms: int, failures: list[str]) -> None:
+def check_phone(chromium: str, base_url: str, page: str, budget_ms: int,
+                failures: list[str]) -> None:
     """The page rendered in a phone's window does not scroll sideways as a whole (a code block,
     a table or an equation may scroll inside its own box)."""
     try:
-        origin, path = re.match(r"(https?://[^/]+)(/.*)", url).groups()
-        dom, _ = render(chromium, f"{origin}{PHONE_FRAME}?{path}", budget_ms)
+        dom, _ = render(chromium, f"{base_url}{PHONE_FRAME}?/{page}", budget_ms)
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         failures.append(f"could not render at {PHONE}: {error}")
         return
@@ -524,7 +524,7 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"the page scrolls sideways at 1280 px: {line!r}")
     else:
         result.failures.append("the width probe did not report")
-    check_phone(chromium, f"{base_url}/{page}", budget_ms, result.failures)
+    check_phone(chromium, base_url, page, budget_ms, result.failures)
     images = re.findall(r'<img [^>]*src="[^"]*_images/', dom)
     linked = re.findall(r'<a [^>]*class="gb-full-size"[^>]*><img [^>]*src="[^"]*_images/', dom)
     if len(linked) < len(images):
