@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from test_notebook_hygiene import EXERCISE_TITLE  # (one pattern for an exercise's title)
+
 BOOK = Path(__file__).resolve().parents[1] / "book"
 WEEK = re.compile(r"^\| (\d+) \| (\d+) [^,|]*, (\d+) [^|]*\| (\d+) \| (\d+) min \|$", re.M)
 TIME = re.compile(r"(\d+)\s*(min|h)")
@@ -18,7 +20,7 @@ def chapter_size(number: int) -> tuple[int, int]:
     (path,) = BOOK.glob(f"{number:02d}_*.ipynb")
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
     markdown = ["".join(c["source"]) for c in cells]
-    titles = re.findall(r"^`{3,}\{exercise\}\s*(.*)$", "\n".join(markdown), re.M)
+    titles = EXERCISE_TITLE.findall("\n".join(markdown))
     minutes = 0
     for title in titles:
         label = re.search(r"\(([^()]*)\)\s*$", title)
