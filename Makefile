@@ -1,11 +1,15 @@
 # gaugebook: build the book and run every test from a fresh machine with only Python 3 (and npm).
 #
 #   make book   set up .venv if needed, execute every notebook (CPU) and build _build/html
-#   make test   set up .venv if needed, then: unit tests, every notebook under nbval, the strict
-#               book build from a clean _build, the headless-Chromium check of the pages, and the
-#               release artefacts (sdist and wheel built, checked by twine), two chapters of
-#               the Colab edition run as in Colab (test-colab), and Binder's install steps in a
-#               fresh virtual environment (test-binder)
+#   make test   set up .venv if needed, then: unit tests, the strict book build from a clean
+#               _build (it executes every notebook and fails on any cell that raises), the
+#               headless-Chromium check of the pages, and the release artefacts (sdist and wheel
+#               built, checked by twine), two chapters of the Colab edition run as in Colab
+#               (test-colab), and Binder's install steps in a fresh virtual environment
+#               (test-binder)
+#   make test-notebooks  only run every notebook under nbval, two at a time (about 4 min): the
+#               quick check while editing chapters; make test leaves it out, because its strict
+#               build executes every notebook anyway
 #   make colab  write the Colab edition book/colab/ from the executed book in _build (after
 #               `make book` or `make test`)
 #
@@ -55,9 +59,10 @@ HTML_INDEX := _build/html/index.html
 
 help:
 	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
-	@echo "make test   unit tests, notebooks (nbval), strict book build, headless-Chromium check,"
+	@echo "make test   unit tests, strict book build (executes every notebook), headless-Chromium check,"
 	@echo "            sdist and wheel (python -m build, twine check), Colab simulation (test-colab)"
 	@echo "            and Binder's install steps in a fresh venv (test-binder)"
+	@echo "make test-notebooks  only run every notebook (nbval, two at a time; make test's build also does)"
 	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev,kernels]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
@@ -119,7 +124,7 @@ colab: $(VENV_STAMP)
 
 # --- tests ------------------------------------------------------------------------------------
 
-test: test-unit test-notebooks test-book test-rendered test-package test-colab test-binder
+test: test-unit test-book test-rendered test-package test-colab test-binder
 	@echo "All tests passed."
 
 test-unit: $(VENV_STAMP)
