@@ -415,7 +415,7 @@ def noether_charge_diagram() -> Figure:
     _label(ax, 2.4, 0.7, r"$W_Q^\top W_Q - W_K^\top W_K$ conserved" "\n"
            "(the scalings' charge)", BLUE, 9)
     _arrow(ax, (2.1, 3.2), (2.3, 4.3), BLUE, lw=2)
-    _label(ax, 3.3, 4.3, r"$\dot\theta = -\nabla L$", BLUE, 10)
+    _label(ax, 3.3, 4.3, r"$\dot\theta = -\nabla \mathcal{L}$", BLUE, 10)
     c, r, a = (7.2, 3.2), 1.5, 0.6
     ax.add_patch(Circle(c, r, fc="none", ec=ORANGE, lw=2))
     px, py = c[0] + r * math.cos(a), c[1] + r * math.sin(a)

@@ -1,11 +1,11 @@
 r"""Noether charges of the attention gauge and the invariants of gradient flow.
 
-**Hamiltonian dynamics** :math:`H(\theta, p) = \|p\|^2 / 2 + L(\theta)`. :math:`L` is invariant
-under all of :math:`\GL(d_\text{head}) \times \GL(d_\text{value})` per head, but the kinetic
-energy only under the orthogonal subgroup (:math:`p` transforms like :math:`\theta`). For an
-antisymmetric generator :math:`A` the infinitesimal action :math:`\delta W_Q = W_Q A`,
-:math:`\delta W_K = W_K A` (:math:`= -W_K A^\top`) has the conserved momentum map
-:math:`\langle p, \delta\theta \rangle = \langle J, A \rangle / 2` with the *charge*
+**Hamiltonian dynamics** :math:`H(\theta, p) = \|p\|^2 / 2 + \mathcal L(\theta)`. The loss
+:math:`\mathcal L` is invariant under all of :math:`\GL(d_\text{head}) \times \GL(d_\text{value})`
+per head, but the kinetic energy only under the orthogonal subgroup (:math:`p` transforms like
+:math:`\theta`). For an antisymmetric generator :math:`A` the infinitesimal action
+:math:`\delta W_Q = W_Q A`, :math:`\delta W_K = W_K A` (:math:`= -W_K A^\top`) has the conserved
+momentum map :math:`\langle p, \delta\theta \rangle = \langle J, A \rangle / 2` with the *charge*
 
 .. math::
 
@@ -19,10 +19,11 @@ and for :math:`\delta W_V = W_V B`, :math:`\delta W_O = -B W_O`
     \quad (d_v \times d_v).
 
 Both are conserved exactly by leapfrog and by symplectic Euler (each kick moves :math:`p` along
-:math:`\nabla L`, orthogonal to the orbit; each drift adds :math:`J(p, p) = 0`); explicit Euler
-changes them by :math:`-h^2 J(p, \nabla L)` per step.
+:math:`\nabla \mathcal L`, orthogonal to the orbit; each drift adds :math:`J(p, p) = 0`); explicit
+Euler changes them by :math:`-h^2 J(p, \nabla \mathcal L)` per step.
 
-**Gradient flow** :math:`d\theta/dt = -\nabla L` conserves, for the whole :math:`\GL` group,
+**Gradient flow** :math:`d\theta/dt = -\nabla \mathcal L` conserves, for the whole :math:`\GL`
+group,
 
 .. math::  C_{QK} = W_Q^\top W_Q - W_K^\top W_K, \qquad C_{VO} = W_V^\top W_V - W_O W_O^\top,
 
