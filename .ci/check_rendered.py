@@ -32,8 +32,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   rendered a second time in a phone's 390 px wide frame (headless Chromium's window is at
   least 500 px wide), the page as a whole does not scroll
   sideways (a code block, table or equation may scroll inside its own box there);
-* figures: every image of the page's own (a file under ``_images/``) is a link to itself, so
-  that a reader whose screen shrinks it can open it at full size (``gaugebook.js``);
+* figures: every image of the page's own (a file under ``_images/``) is a link, so that a reader
+  whose screen shrinks it can open it at full size: a figure's to its 300-dpi PNG
+  (``figure_files``), any other to itself (``gaugebook.js``);
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``); every link to a file of the
   book (a relative URL: a page, a figure's slide files) names a file the build has;
@@ -526,7 +527,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
         result.failures.append("the width probe did not report")
     check_phone(chromium, base_url, page, budget_ms, result.failures)
     images = re.findall(r'<img [^>]*src="[^"]*_images/', dom)
-    linked = re.findall(r'<a [^>]*class="gb-full-size"[^>]*><img [^>]*src="[^"]*_images/', dom)
+    link = r'<a [^>]*class="[^"]*\bgb-full-size\b[^"]*"[^>]*>'
+    linked = re.findall(link + r'<img [^>]*src="[^"]*_images/', dom)
     if len(linked) < len(images):
         result.failures.append(f"{len(images) - len(linked)} of {len(images)} figures are not "
                                "links to their full-size image (did gaugebook.js run?)")

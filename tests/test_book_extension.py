@@ -118,3 +118,31 @@ def test_a_figure_links_to_its_slide_files_from_any_page(tmp_path, monkeypatch):
     assert [(n.astext(), n["refuri"]) for n in found] == [
         ("SVG", "../figures/ch05-fig-a.svg"), ("PNG, 300 dpi", "../figures/ch05-fig-a.png")]
     assert figure_files.links(app, "index", "ch05-fig-a")[0]["refuri"] == "figures/ch05-fig-a.svg"
+
+
+def test_a_figure_image_opens_its_300_dpi_png(tmp_path):
+    from docutils import nodes
+
+    builder = SimpleNamespace(format="html", get_target_uri=lambda doc: doc + ".html")
+    app = SimpleNamespace(outdir=str(tmp_path), builder=builder)
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "ch05-fig-a.png").write_text("")
+
+    def page():
+        saved = nodes.figure("", nodes.image(uri="a.png"), ids=["ch05-fig-a"])
+        unsaved = nodes.figure("", nodes.image(uri="b.png"), ids=["ch05-fig-b"])
+        return nodes.section("", saved, unsaved)
+
+    doctree = page()
+    figure_files.link_images(app, doctree, "book/05_rope")
+    saved, unsaved = doctree.findall(nodes.figure)
+    link = saved[0]
+    assert isinstance(link, nodes.reference) and link["refuri"] == "../figures/ch05-fig-a.png"
+    assert "gb-full-size" in link["classes"] and isinstance(link[0], nodes.image)
+    assert isinstance(unsaved[0], nodes.image)  # no file: left to gaugebook.js
+    figure_files.link_images(app, doctree, "book/05_rope")  # a second pass changes nothing
+    assert isinstance(saved[0], nodes.reference) and isinstance(saved[0][0], nodes.image)
+    app.builder.format = "latex"
+    other = page()
+    figure_files.link_images(app, other, "book/05_rope")
+    assert isinstance(next(other.findall(nodes.figure))[0], nodes.image)
