@@ -1,6 +1,7 @@
 // A figure opens at full size when clicked or tapped: a phone shrinks a wide figure to the
-// column, where its labels are too small to read. (Explorer frames are inline data: images,
-// not files under _images/, and stay as they are.)
+// column, where its labels are too small to read. A figure with slide files already links to
+// its 300-dpi PNG (figure_files.py); any other image gets a link to itself. (Explorer frames
+// are inline data: images, not files under _images/, and stay as they are.)
 document.addEventListener("DOMContentLoaded", function () {
   document.querySelectorAll('article.bd-article img[src*="_images/"]').forEach(function (img) {
     if (img.closest("a")) {
