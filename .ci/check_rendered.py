@@ -30,8 +30,9 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   table wider than its cell's output area; nor does any displayed equation (the theme lets a
   wide one scroll inside its box, so that its right end is hidden until the reader scrolls);
   rendered a second time in a phone's 390 px wide frame (headless Chromium's window is at
-  least 500 px wide), the page as a whole does not scroll
-  sideways (a code block, table or equation may scroll inside its own box there);
+  least 500 px wide), the page as a whole does not scroll sideways (a code block, table or
+  equation may scroll inside its own box there); at either width, MathJax breaks each display
+  equation at the width of its box (a display it breaks at a smaller width wastes lines);
 * figures: every image of the page's own (a file under ``_images/``) is a link, so that a reader
   whose screen shrinks it can open it at full size: a figure's to its 300-dpi PNG
   (``figure_files``), any other to itself (``gaugebook.js``);
@@ -185,7 +186,7 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
     for (var i = 0; i < found.length; i++) {
       var t = found[i], box = t.closest("div.cell_output");
       if (t.offsetParent !== null && t.getBoundingClientRect().width > box.clientWidth + 1) {
-        out.push("table: " + t.textContent.replace(/\s+/g, " ").trim().slice(0, 90));
+        out.push("table: " + t.textContent.replace(/\\s+/g, " ").trim().slice(0, 90));
       }
     }
     return out;
@@ -197,9 +198,25 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
       if (m.offsetParent !== null && m.scrollWidth > m.clientWidth + 1) {
         var items = window.MathJax && MathJax.startup.document.getMathItemsWithin(m);
         var tex = items && items.length ? items[0].math : m.textContent;
-        out.push("equation: " + tex.replace(/\s+/g, " ").trim().slice(0, 90));
+        out.push("equation: " + tex.replace(/\\s+/g, " ").trim().slice(0, 90));
       }
     }
+    return out;
+  };
+  // displays that MathJax breaks at a width other than their box's: the width it measured
+  // with a test element next to the equation (a flex item of div.math, which must not shrink)
+  var measured = function () {
+    var out = [], items = window.MathJax && MathJax.startup.document
+      ? Array.from(MathJax.startup.document.math) : [];
+    items.forEach(function (item) {
+      var box = item.display && item.typesetRoot && item.typesetRoot.parentElement;
+      if (box && box.offsetParent !== null &&
+          Math.abs(item.metrics.containerWidth - box.clientWidth) > 2) {
+        out.push("equation measured " + Math.round(item.metrics.containerWidth) +
+                 " px wide in a " + box.clientWidth + " px box: " +
+                 item.math.replace(/\\s+/g, " ").trim().slice(0, 60));
+      }
+    });
     return out;
   };
   // the elements that widen the page past the window: the outermost ones that reach past
@@ -218,7 +235,7 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
       if (p && p !== document.body && p.getBoundingClientRect().right > edge) { continue; }
       if (contained(e)) { continue; }
       out.push(e.tagName.toLowerCase() + (e.className ? "." + String(e.className).split(" ")[0]
-               : "") + ": " + e.textContent.replace(/\s+/g, " ").trim().slice(0, 70));
+               : "") + ": " + e.textContent.replace(/\\s+/g, " ").trim().slice(0, 70));
     }
     return out;
   };
@@ -226,7 +243,7 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
   pre.id = "%s";
   pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
                                     outputs: scrolls("div.cell_output pre").concat(tables()),
-                                    math: equations(),
+                                    math: equations(), measured: measured(),
                                     page: document.documentElement.scrollWidth >
                                           window.innerWidth + 1 ? widening() : []});
   document.body.appendChild(pre);
@@ -451,7 +468,8 @@ def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict
 def check_phone(chromium: str, base_url: str, page: str, budget_ms: int,
                 failures: list[str]) -> None:
     """The page rendered in a phone's window does not scroll sideways as a whole (a code block,
-    a table or an equation may scroll inside its own box)."""
+    a table or an equation may scroll inside its own box), and MathJax breaks each display at
+    the width of its box."""
     try:
         dom, _ = render(chromium, f"{base_url}{PHONE_FRAME}?/{page}", budget_ms)
     except (RuntimeError, subprocess.TimeoutExpired) as error:
@@ -461,9 +479,12 @@ def check_phone(chromium: str, base_url: str, page: str, budget_ms: int,
     if not match:
         failures.append(f"the width probe did not report at {PHONE}")
         return
-    for line in json.loads(html.unescape(match.group(1)))["page"]:
+    widths = json.loads(html.unescape(match.group(1)))
+    for line in widths["page"]:
         failures.append(f"the page scrolls sideways in a {PHONE.split(',')[0]} px window, "
                         f"widened by {line!r}")
+    for line in widths["measured"]:
+        failures.append(f"at {PHONE.split(',')[0]} px, {line!r}")
 
 
 def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_ms: int) -> Result:
@@ -523,6 +544,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"display math scrolls sideways at 1280 px: {line!r}")
         for line in widths["page"]:
             result.failures.append(f"the page scrolls sideways at 1280 px: {line!r}")
+        for line in widths["measured"]:
+            result.failures.append(f"at 1280 px, {line!r}")
     else:
         result.failures.append("the width probe did not report")
     check_phone(chromium, base_url, page, budget_ms, result.failures)

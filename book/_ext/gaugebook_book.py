@@ -15,6 +15,10 @@
   code scroll or wrap instead of being cut at the column's edge.
 * Figures at full size. ``static/gaugebook.js`` makes each figure a link to its image, which a
   phone reader can open when the column shrinks it.
+* Display equations on a phone. ``static/mathjax_displays.js`` tells MathJax where a display
+  wider than the column may break (between formulas, at a relation or operator of its top
+  level) and lets one holding a table scroll instead; it must run after the page's MathJax
+  configuration, which it extends, and before MathJax, which Sphinx loads deferred.
 """
 from __future__ import annotations
 
@@ -71,6 +75,8 @@ def setup(app):
     app.connect("config-inited", add_static)
     app.add_css_file("gaugebook.css")
     app.add_js_file("gaugebook.js")
+    # Sphinx writes the MathJax configuration and the deferred MathJax script at priority 500
+    app.add_js_file("mathjax_displays.js", priority=501)
     app.connect("html-page-context", colab_edition, priority=510)  # after the theme's (501)
     app.connect("html-page-context", each_script_once, priority=900)
     app.connect("html-page-context", default_mode)
