@@ -7,50 +7,52 @@
 // display holding a table (aligned blocks, matrices) keeps MathJax's default (MathJax broke the
 // cells of chapter 8's aligned block into overlapping lines): like a display with no allowed
 // break that fits, it scrolls in its box. This file runs after the page's MathJax
-// configuration, which it extends, and before MathJax loads.
-window.MathJax.startup = Object.assign(window.MathJax.startup || {}, {
-  ready: function () {
-    MathJax.startup.defaultReady();
-    var BIN = 2, REL = 3, PUNCT = 6;  // MathJax's TeX classes
-    var wide = function (node) {
-      var match = /^([\d.]+)em$/.exec(node.attributes.get("width") || "");
-      return node.isKind("mspace") && match !== null && parseFloat(match[1]) >= 1;
-    };
-    var space = function (node) {  // \, \; \quad (mspace) or "\ " (a blank mtext)
-      return node.isKind("mspace") || (node.isKind("mtext") && !node.getText().trim());
-    };
-    var breaks = function (top) {  // top-level node -> its linebreak value
-      var out = new Map(), hasWide = top.childNodes.some(wide);
-      top.childNodes.forEach(function (node, i) {
-        var after = top.childNodes[i + 1];
-        if (wide(node)) {
-          out.set(node, "goodbreak");
-        } else if (node.isKind("mo") && node.texClass === PUNCT && after && space(after)) {
-          out.set(node, "auto");  // a comma of a list: MathJax breaks after it
-        } else if (node.isKind("mo") && (node.texClass === REL || node.texClass === BIN)) {
-          out.set(node, hasWide ? "badbreak" : "auto");
+// configuration, which it extends, and before MathJax loads; a page without math has neither.
+if (window.MathJax) {
+  window.MathJax.startup = Object.assign(window.MathJax.startup || {}, {
+    ready: function () {
+      MathJax.startup.defaultReady();
+      var BIN = 2, REL = 3, PUNCT = 6;  // MathJax's TeX classes
+      var wide = function (node) {
+        var match = /^([\d.]+)em$/.exec(node.attributes.get("width") || "");
+        return node.isKind("mspace") && match !== null && parseFloat(match[1]) >= 1;
+      };
+      var space = function (node) {  // \, \; \quad (mspace) or "\ " (a blank mtext)
+        return node.isKind("mspace") || (node.isKind("mtext") && !node.getText().trim());
+      };
+      var breaks = function (top) {  // top-level node -> its linebreak value
+        var out = new Map(), hasWide = top.childNodes.some(wide);
+        top.childNodes.forEach(function (node, i) {
+          var after = top.childNodes[i + 1];
+          if (wide(node)) {
+            out.set(node, "goodbreak");
+          } else if (node.isKind("mo") && node.texClass === PUNCT && after && space(after)) {
+            out.set(node, "auto");  // a comma of a list: MathJax breaks after it
+          } else if (node.isKind("mo") && (node.texClass === REL || node.texClass === BIN)) {
+            out.set(node, hasWide ? "badbreak" : "auto");
+          }
+        });
+        return out;
+      };
+      MathJax.startup.input[0].postFilters.add(function (args) {
+        var root = args.data.root, table = false, allowed;
+        if (!args.math.display) {
+          return;
         }
-      });
-      return out;
-    };
-    MathJax.startup.input[0].postFilters.add(function (args) {
-      var root = args.data.root, table = false, allowed;
-      if (!args.math.display) {
-        return;
-      }
-      root.walkTree(function (node) {
-        table = table || node.isKind("mtable");
-      });
-      if (table) {  // MathJax's default overflow: it stays as wide as it is, the theme scrolls it
-        return;
-      }
-      root.attributes.set("overflow", "linebreak");
-      allowed = breaks(root.childNodes[0]);
-      root.walkTree(function (node) {
-        if ((node.isKind("mspace") || node.isKind("mo")) && !node.attributes.isSet("linebreak")) {
-          node.attributes.set("linebreak", allowed.get(node) || "nobreak");
+        root.walkTree(function (node) {
+          table = table || node.isKind("mtable");
+        });
+        if (table) {  // MathJax's default overflow: it stays as wide as it is, the theme scrolls it
+          return;
         }
+        root.attributes.set("overflow", "linebreak");
+        allowed = breaks(root.childNodes[0]);
+        root.walkTree(function (node) {
+          if ((node.isKind("mspace") || node.isKind("mo")) && !node.attributes.isSet("linebreak")) {
+            node.attributes.set("linebreak", allowed.get(node) || "nobreak");
+          }
+        });
       });
-    });
-  }
-});
+    }
+  });
+}
