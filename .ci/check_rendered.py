@@ -32,7 +32,8 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
   rendered a second time in a phone's 390 px wide frame (headless Chromium's window is at
   least 500 px wide), the page as a whole does not scroll sideways (a code block, table or
   equation may scroll inside its own box there); at either width, MathJax breaks each display
-  equation at the width of its box (a display it breaks at a smaller width wastes lines);
+  equation at the width of its box (a display it breaks at a smaller width wastes lines), and
+  no cell of an aligned block overlaps the next one;
 * figures: every image of the page's own (a file under ``_images/``) is a link, so that a reader
   whose screen shrinks it can open it at full size: a figure's to its 300-dpi PNG
   (``figure_files``), any other to itself (``gaugebook.js``);
@@ -163,11 +164,16 @@ RECORDER = """<script>(function () {
   }, 1500); });
 })();</script>""" % ERRORS_ID
 WIDTHS_ID = "gb-widths"
-# Run on every page after load: which code cells (inputs, folded ones opened first: a reader is
-# one click from them) and outputs (text, tables) scroll sideways in the 1280 px window (wider
-# than their box); either fails the page (the book's code and printed text are at most 88
-# columns, which the book's style sheet makes fit).
-WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(function () {
+# Run on every page once it has loaded and MathJax has typeset it: which code cells (inputs,
+# folded ones opened first: a reader is one click from them) and outputs (text, tables) scroll
+# sideways in the 1280 px window (wider than their box); either fails the page (the book's code
+# and printed text are at most 88 columns, which the book's style sheet makes fit). Also which
+# display equations scroll, which MathJax measured at a width other than their box's, and which
+# aligned blocks have overlapping cells.
+WIDTHS = """<script>window.addEventListener("load", function () {
+  // after MathJax has typeset the page (on a busy machine it can still be at work at "load")
+  var typeset = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+  typeset.then(function () { setTimeout(function () {
   var folds = document.querySelectorAll(".tag_hide-input details, .tag_hide-cell details");
   for (var f = 0; f < folds.length; f++) { folds[f].open = true; }
   var scrolls = function (selector) {
@@ -219,6 +225,27 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
     });
     return out;
   };
+  // aligned blocks whose cells overlap: the typeset content of a cell reaching into the next
+  var overlaps = function () {
+    var out = [], rows = document.querySelectorAll("div.math mjx-mtr, div.math mjx-mlabeledtr");
+    for (var i = 0; i < rows.length; i++) {
+      var cells = Array.from(rows[i].children).filter(function (c) {
+        return c.tagName.toLowerCase() === "mjx-mtd";
+      }).map(function (c) {
+        var range = document.createRange();
+        range.selectNodeContents(c);
+        return range.getBoundingClientRect();
+      }).filter(function (r) { return r.width > 0; });
+      for (var j = 1; j < cells.length; j++) {
+        if (cells[j - 1].right > cells[j].left + 1) {
+          out.push("cells overlap in: " + rows[i].closest("div.math").textContent
+                   .replace(/\s+/g, " ").trim().slice(0, 70));
+          break;
+        }
+      }
+    }
+    return Array.from(new Set(out));
+  };
   // the elements that widen the page past the window: the outermost ones that reach past
   // its right edge outside any box that scrolls or clips
   var widening = function () {
@@ -243,14 +270,14 @@ WIDTHS = """<script>window.addEventListener("load", function () { setTimeout(fun
   pre.id = "%s";
   pre.textContent = JSON.stringify({inputs: scrolls("div.cell_input pre"),
                                     outputs: scrolls("div.cell_output pre").concat(tables()),
-                                    math: equations(), measured: measured(),
+                                    math: equations(), measured: measured().concat(overlaps()),
                                     page: document.documentElement.scrollWidth >
                                           window.innerWidth + 1 ? widening() : []});
   document.body.appendChild(pre);
   if (window.parent !== window) {  // in the phone frame (PHONE_FRAME): report to the frame's page
     window.parent.document.body.appendChild(window.parent.document.importNode(pre, true));
   }
-}, 700); });</script>""" % WIDTHS_ID
+}, 700); }); });</script>""" % WIDTHS_ID
 # Headless Chromium makes no window narrower than 500 px (--window-size=390,... gives a page
 # 500 px wide), so a page is rendered at a phone's width inside a frame of that width; its width
 # probe writes its report into the frame's page, which Chromium dumps.

@@ -12,6 +12,11 @@ if (window.MathJax) {
   window.MathJax.startup = Object.assign(window.MathJax.startup || {}, {
     ready: function () {
       MathJax.startup.defaultReady();
+      // MathJax keeps the width it breaks lines at from one equation to the next and lays out
+      // a table against it: forget it before each equation (set again for those that break)
+      MathJax.startup.output.preFilters.add(function () {
+        MathJax.startup.output.containerWidth = undefined;
+      });
       var BIN = 2, REL = 3, PUNCT = 6;  // MathJax's TeX classes
       var wide = function (node) {
         var match = /^([\d.]+)em$/.exec(node.attributes.get("width") || "");
