@@ -30,7 +30,8 @@ from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_dif
 __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
            "Table", "effects_table",
-           "final_statistic", "Decision", "pairs_by_seed", "partner_pairs", "paired_gaps",
+           "final_statistic", "statistic_gap", "Decision", "pairs_by_seed", "partner_pairs",
+           "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
            "PuzzleChange", "puzzle_changes",
            "puzzle_gain_tests", "puzzle_gain_differences", "RESULT_KEYS", "HISTORY_KEYS",
@@ -292,6 +293,18 @@ def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss
     return float(np.mean(values[-last:]))
 
 
+def statistic_gap(run: Run, other: Run, last: int = LAST_EVALUATIONS) -> float:
+    """``final_statistic(run) - final_statistic(other)``, over the same evaluation steps:
+    ValueError when their last ``last`` evaluations were taken at different steps (a run stopped
+    by its time budget against a complete one, or two evaluation schedules), where the
+    difference would mix training lengths."""
+    mine, theirs = run.steps[-last:], other.steps[-last:]
+    if mine != theirs:
+        raise ValueError(f"{run.name} and {other.name} end at different steps ({mine} and "
+                         f"{theirs}): compare runs over the same evaluations")
+    return final_statistic(run, last) - final_statistic(other, last)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The pre-registered rule (:data:`gaugebook.experiment.PAPER_DECISION`) applied to one arm
@@ -480,8 +493,7 @@ def _gains_and_predictors(runs: list[Run]):
     predictors = {
         "in-context alignment": [b["alignment"]["in_context"] for b, _ in pairs],
         "static-key alignment": [b["alignment"]["static"] for b, _ in pairs],
-        "change of validation loss": [final_statistic(b) - final_statistic(p)
-                                      for b, p in pairs],
+        "change of validation loss": [statistic_gap(b, p) for b, p in pairs],
     }
     return gain, predictors, [b.arm for b, _ in pairs]
 
@@ -524,8 +536,7 @@ def decide(runs: list[Run], arm: str, symmetry: str, *,
     pairs = pairs_by_seed(runs, arm, symmetry)
     if len(pairs) < 2:
         raise ValueError(f"{arm}, {symmetry}: one seed gives no interval; the rule needs >= 2")
-    deltas = {s: final_statistic(broken, last) - final_statistic(base, last)
-              for s, (broken, base) in pairs.items()}
+    deltas = {s: statistic_gap(broken, base, last) for s, (broken, base) in pairs.items()}
     mean, interval = t_interval(list(deltas.values()))
     helps = all(d < 0 for d in deltas.values()) and mean < HELPS_BELOW
     return Decision(arm, symmetry, deltas, mean, interval, helps)
@@ -534,8 +545,9 @@ def decide(runs: list[Run], arm: str, symmetry: str, *,
 def paired_gaps(runs: list[Run], reference: list[Run], *,
                 last: int = LAST_EVALUATIONS) -> dict[int, float]:
     """``{seed: statistic(run) - statistic(reference run)}``, the runs paired by seed (the
-    statistic: :func:`final_statistic`), e.g. one optimizer's symmetric runs against
-    another's. ValueError unless each list holds one run per seed, for the same seeds."""
+    statistic: :func:`final_statistic`, over the same evaluations: :func:`statistic_gap`), e.g.
+    one optimizer's symmetric runs against another's. ValueError unless each list holds one run
+    per seed, for the same seeds."""
     for group in (runs, reference):
         seeds = [r.seed for r in group]
         if len(set(seeds)) != len(seeds):
@@ -543,8 +555,7 @@ def paired_gaps(runs: list[Run], reference: list[Run], *,
     mine, theirs = ({r.seed: r for r in group} for group in (runs, reference))
     if not mine or set(mine) != set(theirs):
         raise ValueError(f"the seeds {sorted(mine)} and {sorted(theirs)} do not pair")
-    return {s: final_statistic(mine[s], last) - final_statistic(theirs[s], last)
-            for s in sorted(mine)}
+    return {s: statistic_gap(mine[s], theirs[s], last) for s in sorted(mine)}
 
 
 def decisions(runs: list[Run]) -> list[Decision]:

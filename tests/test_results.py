@@ -314,6 +314,11 @@ def test_gaps_between_two_arms_are_paired_by_seed_with_a_t_interval(tmp_path):
         paired_gaps(ecd[:2], adamw)
     with pytest.raises(ValueError, match="two runs of one seed"):
         paired_gaps(ecd + ecd[:1], adamw)
+    # a run stopped early by its time budget ends at other steps: no difference of lengths
+    for values in ecd[1].history.values():
+        del values[-1]
+    with pytest.raises(ValueError, match="end at different steps"):
+        paired_gaps(ecd, adamw)
 
 
 def test_partner_pairs_give_each_broken_run_its_symmetric_partner(tmp_path):
