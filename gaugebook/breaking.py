@@ -36,8 +36,9 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_positive_ints
 
-__all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "SymmetryBreakingBias",
-           "ShiftedAttention", "check_breaking", "drawn_gauge", "redundancy_count"]
+__all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "query_distribution",
+           "SymmetryBreakingBias", "ShiftedAttention", "check_breaking", "drawn_gauge",
+           "redundancy_count"]
 
 BREAKING_MODES = (None, "bq", "bqv")
 QUERY_MEAN = 0.5
@@ -56,6 +57,16 @@ def check_breaking(mode, mu_v, *, name: str = "mode") -> None:
     if mu_v != 0.0 and mode != "bqv":
         raise ValueError(f"mu_v={mu_v} has no effect: it is the mean of the value bias, which "
                          f"only {name}='bqv' adds (got {mode!r})")
+
+
+def query_distribution(d_head: int, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The protocol's query bias :math:`b_Q \sim \mathcal N(\mu_Q, \operatorname{diag}
+    (\sigma_Q^2))` as ``(mean, std)``, each ``[d_head]`` (``dtype``: torch's default): the mean
+    ``QUERY_MEAN`` in every coordinate, the standard deviation linear from the first to the last
+    of ``QUERY_STD``."""
+    return (torch.full((d_head,), QUERY_MEAN, dtype=dtype),
+            torch.linspace(*QUERY_STD, d_head, dtype=dtype))
 
 
 class SymmetryBreakingBias(nn.Module):
@@ -82,8 +93,9 @@ class SymmetryBreakingBias(nn.Module):
         check_breaking(mode, mu_v)
         check_positive_ints(d_head=d_head, d_value=d_value)
         self.mode, self.mu_v = mode, mu_v
-        self.register_buffer("q_mean", torch.full((d_head,), QUERY_MEAN))
-        self.register_buffer("q_std", torch.linspace(*QUERY_STD, d_head))
+        q_mean, q_std = query_distribution(d_head)
+        self.register_buffer("q_mean", q_mean)
+        self.register_buffer("q_std", q_std)
         if mode == "bqv":
             self.register_buffer("v_mean", torch.full((d_value,), float(mu_v)))
             self.register_buffer("v_std", torch.full((d_value,), VALUE_STD))

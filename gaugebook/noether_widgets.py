@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from torch.func import functional_call, grad, vmap
 
 from gaugebook.attention import MultiHeadAttention, math_attention
-from gaugebook.breaking import QUERY_MEAN, QUERY_STD
+from gaugebook.breaking import query_distribution
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.landscapes import leapfrog
 from gaugebook.linalg import DTYPE
@@ -111,8 +111,7 @@ def protocol_shifts(d_head: int, steps: int, *, scale: float = 1.0, spread: floa
     protocol's ``sigma = linspace(0.05, 0.15, d_head)`` and ``z_k ~ N(0, I)``."""
     if scale < 0 or spread < 0:
         raise ValueError(f"scale and spread must be non-negative, got {scale}, {spread}")
-    mu = torch.full((d_head,), QUERY_MEAN, dtype=DTYPE)
-    sigma = torch.linspace(*QUERY_STD, d_head, dtype=DTYPE)
+    mu, sigma = query_distribution(d_head, DTYPE)
     z = torch.randn(steps, d_head, generator=generator, dtype=DTYPE)
     return scale * mu + spread * sigma * z  # (steps, dk)
 
