@@ -123,7 +123,8 @@ def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60
 
 def path_ratio(run: Run) -> tuple[np.ndarray, np.ndarray]:
     """``(steps, path_length / init_norm)``: ECD's nominal path :math:`n\\,\\delta t` (steps
-    times dt; each step is at least dt long) over the initial parameter norm
+    times dt; a lower bound on the arc length for the global projection only: a per-tensor kick
+    can shorten a step) over the initial parameter norm
     :math:`|\\theta_0|`; ValueError for a run without a path length (optimizers other than ECD
     record ``None``)."""
     steps, _ = run.curve("val_loss")

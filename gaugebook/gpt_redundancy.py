@@ -287,7 +287,7 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
     add("position_centring", PositionCentring, "")
     if isinstance(model, LogProbabilities):
         add("embedding_shift", EmbeddingShift, "")
-    else:  # raw logits: only w = c / gamma_f, without biases and learned positions
+    else:  # raw logits: only w = c / gamma_f, and only without biases or RoPE
         w = [] if c.rope or c.bias else [1.0 / gpt.ln_f.weight.detach().double()]
         add("embedding_shift", EmbeddingShift, "",
             torch.stack(w) if w else torch.zeros(0, c.n_embd, dtype=torch.float64))

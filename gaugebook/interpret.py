@@ -139,8 +139,8 @@ def reference_vectors(model: GPT, reference) -> torch.Tensor:
 
 def key_log_factor(keys: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     r""":math:`\log f = k \cdot c / \sqrt{d_k}` for keys ``[..., H, T, dk]`` and offsets
-    ``[H, dk]`` (or ``[dk]``): the log of the factor by which a query offset :math:`c`
-    re-weights each key."""
+    ``[..., H, dk]`` (or ``[dk]``), broadcast against the keys: the log of the factor by which a
+    query offset :math:`c` re-weights each key (``[..., H, T]``)."""
     if keys.shape[-1] != offset.shape[-1]:
         raise ValueError(f"keys have width {keys.shape[-1]}, the offset {offset.shape[-1]}")
     return (keys * offset[..., None, :]).sum(-1) / math.sqrt(keys.shape[-1])  # (..., H, T)
