@@ -130,7 +130,10 @@ class Factor:
 
     def check(self, module: nn.Module) -> None:
         """Raise ``ValueError`` when the factor does not fit ``module`` (a :attr:`acts_on`): by
-        default, when its parameter's shape is not :meth:`Factor.shape`."""
+        default, when its parameter's shape is not :meth:`Factor.shape`. It checks the fit, not
+        the symmetry: a factor built from values outside its group (a QK matrix that does not
+        commute with RoPE's rotations, a key-bias shift on rotated coordinates) passes, and
+        changes the output, which is how the book shows counterexamples."""
         expected = self.shape(module, **self.options())
         name = _parameter(self)
         actual = tuple(getattr(self, name).shape)
