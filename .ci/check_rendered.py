@@ -239,7 +239,7 @@ WIDTHS = """<script>window.addEventListener("load", function () {
       for (var j = 1; j < cells.length; j++) {
         if (cells[j - 1].right > cells[j].left + 1) {
           out.push("cells overlap in: " + rows[i].closest("div.math").textContent
-                   .replace(/\s+/g, " ").trim().slice(0, 70));
+                   .replace(/\\s+/g, " ").trim().slice(0, 70));
           break;
         }
       }
@@ -495,8 +495,8 @@ def check_interactive(dom: str, expected: int, failures: list[str]) -> list[dict
 def check_phone(chromium: str, base_url: str, page: str, budget_ms: int,
                 failures: list[str]) -> None:
     """The page rendered in a phone's window does not scroll sideways as a whole (a code block,
-    a table or an equation may scroll inside its own box), and MathJax breaks each display at
-    the width of its box."""
+    a table or an equation may scroll inside its own box), MathJax breaks each display at the
+    width of its box, and no cell of an aligned block overlaps the next."""
     try:
         dom, _ = render(chromium, f"{base_url}{PHONE_FRAME}?/{page}", budget_ms)
     except (RuntimeError, subprocess.TimeoutExpired) as error:
