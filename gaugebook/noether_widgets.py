@@ -107,8 +107,9 @@ def probe_head(*, d_model: int = 6, d_head: int = 4, batch: int = 4, length: int
 
 def protocol_shifts(d_head: int, steps: int, *, scale: float = 1.0, spread: float = 1.0,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """Query shifts ``[steps, d_head]``: ``scale * 0.5 + spread * sigma * z_k`` with the
-    protocol's ``sigma = linspace(0.05, 0.15, d_head)`` and ``z_k ~ N(0, I)``."""
+    """Query shifts ``[steps, d_head]``: ``scale * mu + spread * sigma * z_k`` with the
+    protocol's ``(mu, sigma)`` (:func:`~gaugebook.breaking.query_distribution`) and
+    ``z_k ~ N(0, I)``."""
     if scale < 0 or spread < 0:
         raise ValueError(f"scale and spread must be non-negative, got {scale}, {spread}")
     mu, sigma = query_distribution(d_head, DTYPE)

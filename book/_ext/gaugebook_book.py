@@ -13,8 +13,9 @@
 * Code that fits. ``static/gaugebook.css`` sets the size of code and outputs at which the book's
   88-column lines fit the text column of a 1280 px window; on a phone, long inline math and
   code scroll or wrap instead of being cut at the column's edge.
-* Figures at full size. ``static/gaugebook.js`` makes each figure a link to its image, which a
-  phone reader can open when the column shrinks it.
+* Figures at full size. ``figure_files`` links each figure to its 300-dpi PNG, and
+  ``static/gaugebook.js`` every other image to itself, which a phone reader can open when the
+  column shrinks it.
 * Display equations on a phone. ``static/mathjax_displays.js`` tells MathJax where a display
   wider than the column may break (between formulas, at a relation or operator of its top
   level) and lets one holding a table scroll instead; it must run after the page's MathJax
