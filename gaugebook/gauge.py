@@ -1,9 +1,9 @@
 r"""The gauge group of multi-head attention, as objects that act on modules.
 
-A :class:`GaugeElement` is a product of primitive factors; ``element.act(module)`` returns a
-transformed deep copy and leaves ``module`` untouched. With :math:`g(h)` the key/value head of
-query head :math:`h` (:math:`g(h) = h` in MHA) and :math:`W_Q^{(h)}` the slice ``W_Q[h]``, the
-primitives are
+A :class:`~gaugebook.lie.GaugeElement` is a product of primitive factors;
+``element.act(module)`` returns a transformed deep copy and leaves ``module`` untouched. With
+:math:`g(h)` the key/value head of query head :math:`h` (:math:`g(h) = h` in MHA) and
+:math:`W_Q^{(h)}` the slice ``W_Q[h]``, the primitives are
 
 * :class:`QKTransform` ``M [n_kv, d_head, d_head]``:
   :math:`W_Q^{(h)} \to W_Q^{(h)} M_{g(h)}`, :math:`b_Q^{(h)} \to b_Q^{(h)} M_{g(h)}`,

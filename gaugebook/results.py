@@ -1,6 +1,6 @@
 """Training results on disk: load a results folder, compare runs at equal steps, tabulate.
 
-:func:`gaugebook.experiment.train` writes one JSON file per run. Runs of one grid rarely reach
+:func:`gaugebook.training.train` writes one JSON file per run. Runs of one grid rarely reach
 the same step: a wall-clock budget (``max_wall_s``) stops each after a different number of steps,
 and a final loss taken at step 1200 for one optimizer and 1500 for another compares training
 lengths, not optimizers. The functions here therefore compare histories at steps that every
@@ -84,7 +84,7 @@ def arm_of(optimizer: str, tag: str = "") -> str:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run as :func:`gaugebook.experiment.train` recorded it.
+    """One training run as :func:`gaugebook.training.train` recorded it.
 
     ``history`` maps ``"step"``, ``"train_loss"``, ``"val_loss"``, ``"J_QK"``, ``"J_VO"`` and
     ``"wall_s"`` to equally long lists (one entry per evaluation); ``data`` is the whole JSON
