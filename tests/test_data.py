@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gaugebook.data import (TASKS, TINY_SHAKESPEARE_SHA256, Category, CharTokenizer, DefaultCorpus,
-                            WordTokenizer, batches, evaluate_probes, load_tiny_shakespeare,
+                            WordTokenizer, evaluate_probes, load_tiny_shakespeare,
                             text_batches)
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare.txt"
@@ -55,24 +55,27 @@ def test_encode_decode(tok, corpus):
 # ---------------------------------------------------------------- the stream
 
 def test_batches_shift_determinism_and_resume():
-    stream = batches(4, 32, seed=5)
+    def batches(*, seed, **options):
+        return DefaultCorpus(seed).batches(4, 32, **options)
+
+    stream = batches(seed=5)
     first = [next(stream) for _ in range(4)]
     x, y, c = first[0]
     assert x.shape == y.shape == c.shape == (4, 32)
     assert x.dtype == y.dtype == torch.int64 and c.dtype == torch.uint8
     assert torch.equal(x[:, 1:], y[:, :-1])
-    resumed = next(batches(4, 32, seed=5, start=3))
+    resumed = next(batches(seed=5, start=3))
     assert all(torch.equal(a, b) for a, b in zip(resumed, first[3]))
-    assert all(torch.equal(a, b) for a, b in zip(next(batches(4, 32, seed=5)), first[0]))
+    assert all(torch.equal(a, b) for a, b in zip(next(batches(seed=5)), first[0]))
     for other in (dict(seed=6), dict(seed=5, split="val"), dict(seed=5, rank=1)):
-        assert not torch.equal(next(batches(4, 32, **other)).inputs, x), other
+        assert not torch.equal(next(batches(**other)).inputs, x), other
     corpus = DefaultCorpus(seed=5)
     assert corpus.vocab_size == corpus.tokenizer.vocab_size
     assert all(torch.equal(a, b) for a, b in zip(corpus.batch(2, 4, 32), first[2]))
     with pytest.raises(ValueError, match="split"):
-        next(batches(4, 32, seed=0, split="test"))
+        next(batches(seed=0, split="test"))
     with pytest.raises(ValueError, match="seed"):
-        next(batches(4, 32, seed=-1))
+        next(batches(seed=-1))
 
 
 def test_categories_are_ground_truth(corpus, tok):

@@ -26,13 +26,13 @@ The package's modules: ``vocabulary`` (categories, words, :class:`WordTokenizer`
 (:func:`evaluate_probes`), ``text`` (tiny Shakespeare) and ``stream`` (what the streams share:
 seed spaces, :class:`Batch`, checks). Every public name is importable from ``gaugebook.data``.
 """
-from gaugebook.data.generator import MIN_PROBE_CONTEXT, TASKS, DefaultCorpus, Probes, batches
+from gaugebook.data.generator import MIN_PROBE_CONTEXT, TASKS, DefaultCorpus, Probes
 from gaugebook.data.probes import evaluate_probes
 from gaugebook.data.stream import Batch
 from gaugebook.data.text import (TINY_SHAKESPEARE_SHA256, TINY_SHAKESPEARE_URL, CharTokenizer,
                                  load_tiny_shakespeare, text_batches)
 from gaugebook.data.vocabulary import Category, WordTokenizer, default_tokenizer
 
-__all__ = ["Category", "WordTokenizer", "DefaultCorpus", "Batch", "Probes", "TASKS", "batches",
+__all__ = ["Category", "WordTokenizer", "DefaultCorpus", "Batch", "Probes", "TASKS",
            "default_tokenizer", "evaluate_probes", "load_tiny_shakespeare", "CharTokenizer",
            "text_batches", "TINY_SHAKESPEARE_URL", "TINY_SHAKESPEARE_SHA256", "MIN_PROBE_CONTEXT"]

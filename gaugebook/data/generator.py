@@ -20,7 +20,7 @@ from gaugebook.data.stream import Batch, check_stream_args, stream_rng, to_devic
 from gaugebook.data.vocabulary import (SENTENCE_ENDS, Category, WordTokenizer,
                                        default_tokenizer)
 
-__all__ = ["DefaultCorpus", "Probes", "TASKS", "MIN_PROBE_CONTEXT", "batches"]
+__all__ = ["DefaultCorpus", "Probes", "TASKS", "MIN_PROBE_CONTEXT"]
 
 PLAIN_TEMPLATES = (
     "$Det $adj $noun $verb $det $noun .",
@@ -526,10 +526,3 @@ def _tail(row: np.ndarray, starts: np.ndarray, need: int) -> np.ndarray:
         return row[:0]
     end = np.flatnonzero(starts[need:])[0] + need
     return row[end - need:end]
-
-
-def batches(batch_size: int, block_size: int, *, seed: int, device="cpu", start: int = 0,
-            split: str = "train", rank: int = 0) -> Iterator[Batch]:
-    """:meth:`DefaultCorpus.batches` of the default corpus with this ``seed``."""
-    return DefaultCorpus(seed).batches(batch_size, block_size, start=start, split=split, rank=rank,
-                                       device=device)
