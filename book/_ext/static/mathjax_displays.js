@@ -2,12 +2,13 @@
 // display without a table to "linebreak" and says where it may break, only where a reader
 // would, at the formula's top level: at a wide space between two formulas (\quad, \qquad),
 // after a comma followed by a space (a list), or at a relation or binary operator (avoided
-// where the display has wide spaces); never inside a group, a fence or a product (alone,
-// MathJax broke "(a + b)M" after the parenthesis and "24\,\epsilon" at the thin space). A
-// display holding a table (aligned blocks, matrices) keeps MathJax's default (MathJax broke the
-// cells of chapter 8's aligned block into overlapping lines): like a display with no allowed
-// break that fits, it scrolls in its box. This file runs after the page's MathJax
-// configuration, which it extends, and before MathJax loads; a page without math has neither.
+// where the display has wide spaces); never inside a group, a fence, parentheses (\big ones
+// too: MathJax keeps them beside what they enclose) or a product (alone, MathJax broke
+// "(a + b)M" after the parenthesis and "24\,\epsilon" at the thin space). A display holding
+// a table (aligned blocks, matrices) keeps MathJax's default (MathJax broke the cells of
+// chapter 8's aligned block into overlapping lines): like a display with no allowed break
+// that fits, it scrolls in its box. This file runs after the page's MathJax configuration,
+// which it extends, and before MathJax loads; a page without math has neither.
 if (window.MathJax) {
   window.MathJax.startup = Object.assign(window.MathJax.startup || {}, {
     ready: function () {
@@ -18,6 +19,11 @@ if (window.MathJax) {
         MathJax.startup.output.containerWidth = undefined;
       });
       var BIN = 2, REL = 3, PUNCT = 6;  // MathJax's TeX classes
+      var OPENING = ["(", "[", "{", "\u27e8"], CLOSING = [")", "]", "}", "\u27e9"];
+      var nesting = function (node) {  // +1 where parentheses open ("(", "\\big["), -1: close
+        var text = node.isEmbellished ? node.coreMO().getText() : null;
+        return OPENING.indexOf(text) >= 0 ? 1 : CLOSING.indexOf(text) >= 0 ? -1 : 0;
+      };
       var wide = function (node) {
         var match = /^([\d.]+)em$/.exec(node.attributes.get("width") || "");
         return node.isKind("mspace") && match !== null && parseFloat(match[1]) >= 1;
@@ -26,10 +32,14 @@ if (window.MathJax) {
         return node.isKind("mspace") || (node.isKind("mtext") && !node.getText().trim());
       };
       var breaks = function (top) {  // top-level node -> its linebreak value
-        var out = new Map(), hasWide = top.childNodes.some(wide);
+        var out = new Map(), hasWide = top.childNodes.some(wide), depth = 0;
         top.childNodes.forEach(function (node, i) {
           var after = top.childNodes[i + 1];
-          if (wide(node)) {
+          var change = nesting(node);
+          depth += change;
+          if (depth > 0 || change < 0) {  // inside parentheses, or closing them
+            return;
+          } else if (wide(node)) {
             out.set(node, "goodbreak");
           } else if (node.isKind("mo") && node.texClass === PUNCT && after && space(after)) {
             out.set(node, "auto");  // a comma of a list: MathJax breaks after it
