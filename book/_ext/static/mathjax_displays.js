@@ -1,12 +1,15 @@
 // Display equations wider than a phone's column. This sets MathJax 4's overflow of each
 // display without a table to "linebreak" and says where it may break, only where a reader
-// would, at the formula's top level: at a wide space between two formulas (\quad, \qquad),
-// after a comma followed by a space (a list), or at a relation or binary operator (avoided
-// where the display has wide spaces); never inside a group, a fence, parentheses (\big ones
-// too: MathJax keeps them beside what they enclose) or a product (alone, MathJax broke
-// "(a + b)M" after the parenthesis and "24\,\epsilon" at the thin space). A display holding
-// a table (aligned blocks, matrices) keeps MathJax's default (MathJax broke the cells of
-// chapter 8's aligned block into overlapping lines): like a display with no allowed break
+// would, at the formula's top level:
+// - at a wide space between two formulas (\quad, \qquad);
+// - after a comma followed by a space (a list; a tuple's too, inside parentheses);
+// - at a relation or binary operator (a bad break where the display has wide spaces; MathJax
+//   may still take it first, so a list of formulas is better written as an aligned block).
+// Never inside a group, a fence, parentheses (\big ones too, which MathJax keeps beside what
+// they enclose) or a product: alone, MathJax broke "(a + b)M" after the parenthesis,
+// "24\,\epsilon" at the thin space and chapter 2's "(XW_V + b_V)" at the plus. A display
+// holding a table (aligned blocks, matrices) keeps MathJax's default (MathJax broke the cells
+// of chapter 8's aligned block into overlapping lines): like a display with no allowed break
 // that fits, it scrolls in its box. This file runs after the page's MathJax configuration,
 // which it extends, and before MathJax loads; a page without math has neither.
 if (window.MathJax) {
@@ -34,15 +37,14 @@ if (window.MathJax) {
       var breaks = function (top) {  // top-level node -> its linebreak value
         var out = new Map(), hasWide = top.childNodes.some(wide), depth = 0;
         top.childNodes.forEach(function (node, i) {
-          var after = top.childNodes[i + 1];
-          var change = nesting(node);
+          var after = top.childNodes[i + 1], change = nesting(node);
           depth += change;
-          if (depth > 0 || change < 0) {  // inside parentheses, or closing them
+          if (node.isKind("mo") && node.texClass === PUNCT && after && space(after)) {
+            out.set(node, "auto");  // a comma of a list (a tuple's too): MathJax breaks after it
+          } else if (depth > 0 || change < 0) {  // inside parentheses, or closing them
             return;
           } else if (wide(node)) {
             out.set(node, "goodbreak");
-          } else if (node.isKind("mo") && node.texClass === PUNCT && after && space(after)) {
-            out.set(node, "auto");  // a comma of a list: MathJax breaks after it
           } else if (node.isKind("mo") && (node.texClass === REL || node.texClass === BIN)) {
             out.set(node, hasWide ? "badbreak" : "auto");
           }
