@@ -260,10 +260,13 @@ def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
 # ----------------------------------------------------------------------------- orchestration
 
 def _worker(queue, out: str, device: str, position: int, batched: bool,
-            data_workers: int, cuda_graphs: bool) -> None:
+            data_workers: int, cuda_graphs: bool, threads: int) -> None:
     """Take cohorts (lists of runs) from ``queue`` until a ``None``; a failing cohort is recorded
     in ``<out>/<name>.error.json`` for each of its runs and does not stop the others. Ctrl-C
-    (which reaches every worker) stops it quietly: the parent reports."""
+    (which reaches every worker) stops it quietly: the parent reports. ``threads``: this
+    worker's share of the host's threads (each process took all of them: two workers on two
+    cores ran 15 times slower than one, their threads waiting for each other)."""
+    torch.set_num_threads(threads)
     try:
         while (item := queue.get()) is not None:
             cfgs = [RunConfig.from_dict(c) for c in item]
@@ -305,8 +308,9 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
         queue.put([dataclasses.asdict(cfg) for cfg in group])
     for _ in range(workers):
         queue.put(None)
+    threads = max(1, torch.get_num_threads() // workers)
     procs = [ctx.Process(target=_worker, args=(queue, str(out), device, i + 1, batched,
-                                               data_workers, cuda_graphs))
+                                               data_workers, cuda_graphs, threads))
              for i in range(workers)]
     for p in procs:
         p.start()

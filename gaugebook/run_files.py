@@ -54,7 +54,8 @@ def _cpu_name() -> str:
 
 def provenance(device: torch.device) -> dict:
     """Where and with what a result was produced. ``git_dirty``: tracked files differed from the
-    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``)."""
+    commit (``None`` where git is unavailable and the commit comes from ``GAUGEBOOK_COMMIT``);
+    ``threads``: the host threads torch used (a worker's share of them)."""
     device = torch.device(device)
     try:
         commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
@@ -70,6 +71,7 @@ def provenance(device: torch.device) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "hostname_platform": platform.platform(),
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
