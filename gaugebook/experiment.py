@@ -264,8 +264,8 @@ def _worker(queue, out: str, device: str, position: int, batched: bool,
     """Take cohorts (lists of runs) from ``queue`` until a ``None``; a failing cohort is recorded
     in ``<out>/<name>.error.json`` for each of its runs and does not stop the others. Ctrl-C
     (which reaches every worker) stops it quietly: the parent reports. ``threads``: this
-    worker's share of the host's threads (each process took all of them: two workers on two
-    cores ran 15 times slower than one, their threads waiting for each other)."""
+    worker's share of the host's threads (with all of them each, two workers on two cores
+    trained about 12 times slower, their threads waiting for each other)."""
     torch.set_num_threads(threads)
     try:
         while (item := queue.get()) is not None:

@@ -260,7 +260,7 @@ def test_adamw_keeps_its_own_fused_setting():
 def test_concurrent_workers_report_only_this_calls_failures(tmp_path):
     """Two worker processes train two runs; another run's error file, left by an earlier call,
     is not this call's failure. Each worker takes its share of the host's threads (with all
-    of them each, two workers on two cores trained 15 times slower than one)."""
+    of them each, two workers on two cores trained about 12 times slower)."""
     from gaugebook.experiment import run_many
 
     (tmp_path / "some-other-run.error.json").write_text('{"error": "from an earlier call"}')
