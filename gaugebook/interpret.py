@@ -49,7 +49,8 @@ from gaugebook.gpt import GPT
 
 __all__ = ["STRUCTURAL", "SUPPRESSED", "attention_inputs", "layer_keys", "query_offset",
            "reference_vectors", "key_log_factor", "reweight", "key_alignment", "log_factors",
-           "by_category", "structure_score", "static_key_cosines", "alignment_scores"]
+           "by_category", "structure_score", "static_key_cosines", "alignment_scores",
+           "centred_on_vocabulary"]
 
 STRUCTURAL = (Category.SENTENCE_START, Category.PUNCTUATION, Category.QUESTION_WORD)
 SUPPRESSED = (Category.NOISE,)
@@ -236,6 +237,24 @@ def static_key_cosines(model: GPT, reference="mean", *, rows: torch.Tensor | Non
     positions. Keys of grouped key/value heads are repeated to their query heads."""
     ref = reference_vectors(model, reference)  # (L, H, dk)
     return _cosines(_static_keys(model, rows), ref)
+
+
+def centred_on_vocabulary(category_means: dict[str, float],
+                          token_categories: torch.Tensor) -> dict[str, float]:
+    r"""Category means :math:`m_c` of a per-word score (``{"noise": m_c, ...}``, as
+    :func:`alignment_scores` records ``"static_by_category"``) minus the score's mean over the
+    whole vocabulary, :math:`m_c - \sum_{c'} n_{c'} m_{c'} / V` with :math:`n_c` the words of
+    category :math:`c` among the ``token_categories [V]``. Only differences between keys
+    re-weight attention, so this is what centring each head's cosines on their vocabulary mean
+    gives; it needs every category of the vocabulary."""
+    counts = {c.name.lower(): int((torch.as_tensor(token_categories) == int(c)).sum())
+              for c in Category}
+    missing = [name for name, n in counts.items() if n and name not in category_means]
+    if missing:
+        raise ValueError(f"no mean for the vocabulary's {missing} words: the vocabulary mean "
+                         "needs every category the vocabulary has")
+    mean = sum(counts[c] * m for c, m in category_means.items()) / sum(counts.values())
+    return {c: m - mean for c, m in category_means.items()}
 
 
 NULL_DIRECTIONS = 64

@@ -9,7 +9,7 @@ from gaugebook.data import Category
 from gaugebook.gpt import GPT, GPTConfig
 from gaugebook.interpret import alignment_scores, attention_inputs, by_category, \
     key_alignment, key_log_factor, layer_keys, log_factors, query_offset, reference_vectors, \
-    reweight, static_key_cosines, structure_score
+    centred_on_vocabulary, reweight, static_key_cosines, structure_score
 from gaugebook.linalg import random_gl
 
 F64 = torch.float64
@@ -132,6 +132,24 @@ def test_by_category_and_structure_score():
         structure_score(table)
     with pytest.raises(ValueError, match="categories"):
         by_category(values, categories[:, :5])
+
+
+def test_category_means_centred_on_the_vocabulary_are_those_of_centred_scores():
+    token_categories = torch.tensor([4, 4, 4, 8, 0, 1, 4, 8, 2, 4])  # (V,): five categories
+    score = torch.randn(10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def means(values):  # {name: mean over the category's words}
+        return {c.name.lower(): v.item()
+                for c, v in by_category(values[None], token_categories[None]).items()}
+
+    centred = centred_on_vocabulary(means(score), token_categories)
+    expected = means(score - score.mean())
+    assert centred.keys() == expected.keys()
+    assert all(centred[c] == pytest.approx(expected[c], abs=1e-14) for c in expected)
+    incomplete = means(score)
+    del incomplete["noise"]
+    with pytest.raises(ValueError, match="noise"):
+        centred_on_vocabulary(incomplete, token_categories)
 
 
 @pytest.mark.parametrize("n_kv_head", [2, 1])
