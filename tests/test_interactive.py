@@ -1,10 +1,13 @@
 """gaugebook.interactive: the static explorer holds every frame of its grid, shows exactly the
 current one, and the explorers' static twins agree with their live readouts."""
+import base64
+import io
 import re
 
 import pytest
 import torch
 from matplotlib.figure import Figure
+from PIL import Image
 
 from gaugebook.interactive import Control, StaticExplorer, figure_html
 from gaugebook.noether_widgets import ChargeDriftExplorer, ChargeDriftGrid
@@ -89,9 +92,14 @@ def test_control_validation():
 def test_figure_html_is_an_inline_png_with_alt_text():
     fig = Figure()
     fig.subplots().plot([0, 1], [1, 0])
-    markup = figure_html(fig, alt='a "line"')
+    fig.set_size_inches(4, 3)
+    markup = figure_html(fig, alt='a "line"', dpi=80)
     assert markup.startswith('<img src="data:image/png;base64,iVBOR')
     assert 'alt="a &quot;line&quot;"' in markup
+    assert 'width="320" height="240"' in markup  # CSS pixels: 80 per inch
+    data = re.search(r'base64,([^"]+)"', markup).group(1)
+    image = Image.open(io.BytesIO(base64.b64decode(data)))
+    assert image.size == (640, 480) and image.mode == "P"  # drawn at twice that, 256 colours
 
 
 @pytest.mark.parametrize("make", [
