@@ -247,8 +247,8 @@ def centred_on_vocabulary(category_means: dict[str, float],
     category :math:`c` among the ``token_categories [V]``. Only differences between keys
     re-weight attention, so this is what centring each head's cosines on their vocabulary mean
     gives; it needs every category of the vocabulary."""
-    counts = {c.name.lower(): int((torch.as_tensor(token_categories) == int(c)).sum())
-              for c in Category}
+    token_categories = torch.as_tensor(token_categories)
+    counts = {c.name.lower(): int((token_categories == int(c)).sum()) for c in Category}
     missing = [name for name, n in counts.items() if n and name not in category_means]
     if missing:
         raise ValueError(f"no mean for the vocabulary's {missing} words: the vocabulary mean "
