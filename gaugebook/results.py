@@ -34,7 +34,7 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
            "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
            "PuzzleChange", "puzzle_changes",
-           "puzzle_gain_tests", "puzzle_gain_differences", "RESULT_KEYS", "HISTORY_KEYS",
+           "puzzle_gain_tests", "puzzle_gain_differences", "GainRule", "gain_rule", "RESULT_KEYS", "HISTORY_KEYS",
            "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
@@ -521,6 +521,30 @@ def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
     drop = [-x for x in predictors.pop("change of validation loss")]
     return {name: rank_correlation_difference(x, drop, gain, strata=arms, **options)
             for name, x in predictors.items()}
+
+
+@dataclass(frozen=True)
+class GainRule:
+    """The registered rule of the alignment claim (``results/README.md``) applied to the
+    within-arms correlations of :func:`puzzle_gain_tests`: ``aligned``, the alignment scores
+    that correlate with the gain at rho > 0 and p < ``alpha``; ``loss_predicts``, whether the
+    change of the validation statistic does at rho < 0 and p < ``alpha``. The claim is
+    ``supported`` iff some score is aligned and the loss does not predict."""
+
+    aligned: tuple
+    loss_predicts: bool
+
+    @property
+    def supported(self) -> bool:
+        return bool(self.aligned) and not self.loss_predicts
+
+
+def gain_rule(tests: dict[str, Correlation], alpha: float = 0.05) -> GainRule:
+    """:class:`GainRule` of ``tests`` (the dict :func:`puzzle_gain_tests` returns)."""
+    aligned = tuple(k for k, t in tests.items()
+                    if "alignment" in k and t.p < alpha and t.rho > 0)
+    change = tests["change of validation loss"]
+    return GainRule(aligned, bool(change.p < alpha and change.rho < 0))
 
 
 def decide(runs: list[Run], arm: str, symmetry: str, *,

@@ -9,7 +9,9 @@ import yaml
 
 from gaugebook.experiment import RunConfig, train
 from gaugebook.results import TEX_MACROS, Run, Table, breaking_effects, common_steps, \
-    effects_table, find_results, load_runs, provenance_summary, seed_summary, select, values_at
+    effects_table, find_results, gain_rule, load_runs, provenance_summary, seed_summary, select, \
+    values_at
+from gaugebook.stats import Correlation
 
 
 def record(optimizer, symmetry, steps, *, activation="prelu", seed=0, offset=0.0):
@@ -404,6 +406,25 @@ def test_puzzle_gain_tests_correlate_gains_with_alignment_within_arms(tmp_path):
     differences = puzzle_gain_differences(runs, resamples=99)
     assert differences["in-context alignment"][0] == pytest.approx(0.0, abs=1e-12)
     assert differences["static-key alignment"][0] == pytest.approx(-0.8)
+    # the registered rule: in-context alignment predicts, but so does the loss: no support
+    rule = gain_rule(within)
+    assert rule.aligned == ("in-context alignment",) and rule.loss_predicts
+    assert not rule.supported
+
+
+def test_gain_rule_needs_a_positive_alignment_and_no_negative_loss_correlation():
+    def tests(context, static, loss):  # (rho, p) of each predictor -> puzzle_gain_tests' dict
+        return {name: Correlation(rho, p, (rho - 0.1, rho + 0.1), 12)
+                for name, (rho, p) in (("in-context alignment", context),
+                                       ("static-key alignment", static),
+                                       ("change of validation loss", loss))}
+
+    assert gain_rule(tests((0.6, 0.01), (0.1, 0.7), (-0.2, 0.4))).supported
+    assert gain_rule(tests((0.1, 0.7), (0.6, 0.04), (0.5, 0.01))).aligned == (
+        "static-key alignment",)  # a positive change of the loss is no prediction
+    assert not gain_rule(tests((-0.6, 0.01), (0.1, 0.7), (0.0, 0.9))).aligned  # wrong sign
+    assert not gain_rule(tests((0.6, 0.06), (0.1, 0.7), (0.0, 0.9))).supported  # p >= 0.05
+    assert gain_rule(tests((0.6, 0.06), (0.1, 0.7), (0.0, 0.9)), alpha=0.1).supported
 
 
 def test_probe_standard_error_adds_the_tasks_binomial_errors():
