@@ -172,8 +172,14 @@ WIDTHS_ID = "gb-widths"
 # aligned blocks have overlapping cells.
 WIDTHS = """<script>window.addEventListener("load", function () {
   // after MathJax has typeset the page (on a busy machine it can still be at work at "load")
+  // and the browser has loaded the fonts of what it typeset: MathJax 4 writes each character
+  // as text sized for its own font, and a glyph drawn in a fallback font while that font is
+  // still loading overflows its box (on a busy machine, an aligned block's cells overlapped)
   var typeset = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
-  typeset.then(function () { setTimeout(function () {
+  typeset.then(function () {
+    void document.body.offsetWidth;  // lay the typeset math out: its fonts start loading
+    return document.fonts.ready;
+  }).then(function () { setTimeout(function () {
   var folds = document.querySelectorAll(".tag_hide-input details, .tag_hide-cell details");
   for (var f = 0; f < folds.length; f++) { folds[f].open = true; }
   var scrolls = function (selector) {
