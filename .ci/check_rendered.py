@@ -172,14 +172,8 @@ WIDTHS_ID = "gb-widths"
 # aligned blocks have overlapping cells.
 WIDTHS = """<script>window.addEventListener("load", function () {
   // after MathJax has typeset the page (on a busy machine it can still be at work at "load")
-  // and the browser has loaded the fonts of what it typeset: MathJax 4 writes each character
-  // as text sized for its own font, and a glyph drawn in a fallback font while that font is
-  // still loading overflows its box (on a busy machine, an aligned block's cells overlapped)
   var typeset = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
-  typeset.then(function () {
-    void document.body.offsetWidth;  // lay the typeset math out: its fonts start loading
-    return document.fonts.ready;
-  }).then(function () { setTimeout(function () {
+  typeset.then(function () { setTimeout(function () {
   var folds = document.querySelectorAll(".tag_hide-input details, .tag_hide-cell details");
   for (var f = 0; f < folds.length; f++) { folds[f].open = true; }
   var scrolls = function (selector) {
@@ -231,17 +225,24 @@ WIDTHS = """<script>window.addEventListener("load", function () {
     });
     return out;
   };
-  // aligned blocks whose cells overlap: the typeset content of a cell reaching into the next
+  // aligned blocks whose cells overlap: the typeset content of a cell reaching into the next.
+  // A cell's content is the union of its MathJax boxes (elements), which MathJax sizes from
+  // its font's metrics; not of its text, whose glyphs, drawn by the browser, may overhang
+  // their boxes by a pixel or two (cells that touch then "overlapped" on one machine)
+  var content = function (cell) {
+    var left = Infinity, right = -Infinity, boxes = cell.querySelectorAll("*");
+    for (var k = 0; k < boxes.length; k++) {
+      var r = boxes[k].getBoundingClientRect();
+      if (r.width > 0) { left = Math.min(left, r.left); right = Math.max(right, r.right); }
+    }
+    return {left: left, right: right, width: Math.max(right - left, 0)};
+  };
   var overlaps = function () {
     var out = [], rows = document.querySelectorAll("div.math mjx-mtr, div.math mjx-mlabeledtr");
     for (var i = 0; i < rows.length; i++) {
       var cells = Array.from(rows[i].children).filter(function (c) {
         return c.tagName.toLowerCase() === "mjx-mtd";
-      }).map(function (c) {
-        var range = document.createRange();
-        range.selectNodeContents(c);
-        return range.getBoundingClientRect();
-      }).filter(function (r) { return r.width > 0; });
+      }).map(content).filter(function (r) { return r.width > 0; });
       for (var j = 1; j < cells.length; j++) {
         if (cells[j - 1].right > cells[j].left + 1) {
           out.push("cells overlap in: " + rows[i].closest("div.math").textContent
