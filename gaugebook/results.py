@@ -536,6 +536,7 @@ class GainRule:
 
     @property
     def supported(self) -> bool:
+        """Some alignment score predicts the gain and the change of the loss does not."""
         return bool(self.aligned) and not self.loss_predicts
 
 
