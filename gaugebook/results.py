@@ -34,8 +34,8 @@ __all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps
            "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
            "PuzzleChange", "puzzle_changes",
-           "puzzle_gain_tests", "puzzle_gain_differences", "GainRule", "gain_rule", "RESULT_KEYS", "HISTORY_KEYS",
-           "HISTORY_EXTRA"]
+           "puzzle_gain_tests", "puzzle_gain_differences", "GainRule", "gain_rule",
+           "RESULT_KEYS", "HISTORY_KEYS", "HISTORY_EXTRA"]
 
 # The schema of a result file, declared once: gaugebook.training writes RESULT_KEYS and a history
 # of HISTORY_KEYS + HISTORY_EXTRA; files written before a key existed lack it, so reading needs
@@ -502,11 +502,12 @@ def puzzle_gain_tests(runs: list[Run], *, within_arms: bool = True) -> dict[str,
     """The test of "alignment predicts puzzle gains better than the loss does" (chapter 18):
     each broken run's gain of mean top-1 puzzle accuracy over its symmetric partner
     (:func:`partner_pairs`), rank-correlated (:func:`~gaugebook.stats.rank_correlation`) with
-    the broken run's two alignment scores and with its change of the validation statistic (broken minus partner,
-    :func:`final_statistic`). ``within_arms`` (default): permutations and bootstrap within each
-    optimizer arm, so that differences between optimizers cannot make a correlation. Keyed by
-    the predictors' names as a sentence says them ("in-context alignment", "static-key
-    alignment", "change of validation loss")."""
+    the broken run's two alignment scores and with its change of the validation statistic
+    (broken minus partner, :func:`final_statistic`). ``within_arms`` (default): permutations
+    and bootstrap within each optimizer arm, so that differences between optimizers cannot
+    make a correlation. Keyed by the predictors' names as a sentence says them ("in-context
+    alignment", "static-key alignment", "change of validation loss"); :func:`gain_rule`
+    decides the claim from them."""
     gain, predictors, arms = _gains_and_predictors(runs)
     strata = arms if within_arms else None
     return {name: rank_correlation(x, gain, strata=strata) for name, x in predictors.items()}
@@ -516,7 +517,8 @@ def puzzle_gain_differences(runs: list[Run], **options) -> dict[str, tuple]:
     """The comparative statistic of the same claim (``results/README.md``): for each alignment
     score, ``D = rho(alignment, gain) - rho(-(change of validation loss), gain)`` within
     optimizer arms, with its bootstrap interval
-    (:func:`~gaugebook.stats.rank_correlation_difference`; ``options`` go to it). D > 0: alignment ranks the gains better than the drop of the loss."""
+    (:func:`~gaugebook.stats.rank_correlation_difference`; ``options`` go to it). D > 0:
+    alignment ranks the gains better than the drop of the loss."""
     gain, predictors, arms = _gains_and_predictors(runs)
     drop = [-x for x in predictors.pop("change of validation loss")]
     return {name: rank_correlation_difference(x, drop, gain, strata=arms, **options)
