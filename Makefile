@@ -10,6 +10,9 @@
 #   make test-notebooks  only run every notebook under nbval, two at a time (about 4 min): the
 #               quick check while editing chapters; make test leaves it out, because its strict
 #               build executes every notebook anyway
+#   make test-roundoff  test-notebooks twice more, with ATen's AVX2 and its generic (unvectorised)
+#               CPU kernels (about 10 min): a chapter's statement that holds only with one
+#               processor's round-off fails here before CI lands on another processor
 #   make colab  write the Colab edition book/colab/ from the executed book in _build (after
 #               `make book` or `make test`)
 #
@@ -54,8 +57,8 @@ PARALLEL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 HTML_INDEX := _build/html/index.html
 
-.PHONY: help venv assets book colab test test-unit test-notebooks test-book test-rendered test-package \
-	test-colab test-binder clean distclean
+.PHONY: help venv assets book colab test test-unit test-notebooks test-roundoff test-book \
+	test-rendered test-package test-colab test-binder clean distclean
 
 help:
 	@echo "make book   build the rendered book (executes every notebook on CPU): $(HTML_INDEX)"
@@ -63,6 +66,7 @@ help:
 	@echo "            sdist and wheel (python -m build, twine check), Colab simulation (test-colab)"
 	@echo "            and Binder's install steps in a fresh venv (test-binder)"
 	@echo "make test-notebooks  only run every notebook (nbval, two at a time; make test's build also does)"
+	@echo "make test-roundoff   test-notebooks with ATen's AVX2 kernels, then with its generic ones"
 	@echo "make colab  write the Colab edition (book/colab/) from the executed book in _build"
 	@echo "make venv   only set up $(VENV) (python3 -m venv; pinned torch; -e \".[book,dev,kernels]\")"
 	@echo "make assets only copy MathJax and the widget embedder into $(VENDOR)/ (npm ci)"
@@ -136,6 +140,14 @@ test-notebooks: $(VENV_STAMP)
 	@start=$$(date +%s); \
 	$(PARALLEL_ENV) $(BIN)/pytest --nbval-lax --nbval-current-env -n 2 --dist loadfile book/; \
 	echo "[time] notebooks (nbval): $$(( $$(date +%s) - start )) s"
+
+# ATEN_CPU_CAPABILITY picks the kernels ATen dispatches to (avx512, avx2, default), so one
+# machine can reproduce the round-off of others.
+test-roundoff: $(VENV_STAMP)
+	@for kernels in avx2 default; do \
+		echo "== notebooks with ATEN_CPU_CAPABILITY=$$kernels"; \
+		ATEN_CPU_CAPABILITY=$$kernels $(MAKE) --no-print-directory test-notebooks; \
+	done
 
 test-book: $(VENV_STAMP) $(VENDOR_STAMP)
 	@start=$$(date +%s); \
