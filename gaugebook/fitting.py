@@ -1,5 +1,6 @@
-"""The chapters' small training loops in one place: :func:`fit`, and the random-token batches
-(:func:`random_token_batches`) on which the chapters watch an optimizer's conserved quantities.
+"""The chapters' small training loops in one place: :func:`fit`, the random-token batches
+(:func:`random_token_batches`) on which the chapters watch an optimizer's conserved quantities,
+and the small GPT that chapters 18 and 20 train on the default corpus (:func:`train_small_gpt`).
 
 The experiment's trainer (:mod:`gaugebook.training`) adds checkpoints, batching and result files;
 a chapter that trains a small model for a few hundred steps on the CPU needs only the loop, and
@@ -8,12 +9,25 @@ the loop is written here once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import MappingProxyType
 
 import torch
 
 from gaugebook.data.stream import Batch
+from gaugebook.gpt import GPT, GPTConfig
+from gaugebook.optim import make_optimizer
 
-__all__ = ["fit", "random_token_batches"]
+__all__ = ["fit", "random_token_batches", "train_small_gpt", "SMALL_GPT_SIZE",
+           "SMALL_GPT_HYPERPARAMETERS"]
+
+#: The shape of :func:`train_small_gpt`'s model (GPTConfig fields).
+SMALL_GPT_SIZE = MappingProxyType(dict(block_size=32, n_layer=2, n_head=2, n_embd=32))
+#: The settings of its optimizers, ECD as the trainer's defaults and AdamW with torch's
+#: default weight decay.
+SMALL_GPT_HYPERPARAMETERS = MappingProxyType({
+    "ecd": MappingProxyType(dict(lr=1.0, eta=100.0, F0=1.5)),
+    "adamw": MappingProxyType(dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)),
+})
 
 
 def _gpt_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -118,3 +132,30 @@ def random_token_batches(vocab_size: int, batch_size: int, block_size: int, *,
         return drawn[step][:, :-1], drawn[step][:, 1:]
 
     return batches
+
+
+def train_small_gpt(corpus, optimizer_name: str = "ecd", breaking: str | None = None, *,
+                    steps: int = 200, batch_size: int = 8, seed: int = 0, bias: bool = True,
+                    dtype: torch.dtype = torch.float64) -> GPT:
+    """A small PReLU :class:`~gaugebook.gpt.GPT` (:data:`SMALL_GPT_SIZE`) trained on ``corpus``
+    (a :class:`~gaugebook.data.DefaultCorpus`); returned in eval mode.
+
+    The recipe of chapter 18's live models: seed torch's generator with ``seed``, build the
+    model (``symmetry_breaking=breaking``, learned biases iff ``bias``) and cast it to
+    ``dtype``, make ``optimizer_name``'s optimizer with :data:`SMALL_GPT_HYPERPARAMETERS`, and
+    :func:`fit` it on the corpus' training batches ``corpus.batch(t, batch_size, 32)`` for
+    ``t = 0, ..., steps - 1``. The default float64 keeps the trained model the same on every
+    processor: float32 round-off differs between CPU kernels and grows in training.
+    """
+    if optimizer_name not in SMALL_GPT_HYPERPARAMETERS:
+        raise ValueError(f"optimizer_name must be one of {sorted(SMALL_GPT_HYPERPARAMETERS)}, "
+                         f"got {optimizer_name!r}")
+    torch.manual_seed(seed)
+    config = GPTConfig(corpus.vocab_size, **SMALL_GPT_SIZE, activation="prelu",
+                       symmetry_breaking=breaking, bias=bias)
+    model = GPT(config).to(dtype)
+    optimizer = make_optimizer(optimizer_name, model.parameters(),
+                               **SMALL_GPT_HYPERPARAMETERS[optimizer_name])
+    block = SMALL_GPT_SIZE["block_size"]
+    fit(model, optimizer, lambda t: corpus.batch(t, batch_size, block), steps)
+    return model.eval()

@@ -107,3 +107,37 @@ def test_random_token_batches_are_the_draws_in_step_order_whatever_the_order_ask
         random_token_batches(0, 4, 8)
     with pytest.raises(ValueError, match="step must be a non-negative integer"):
         batches(-1)
+
+
+def test_train_small_gpt_is_chapter_18s_recipe_written_out():
+    """The library recipe equals the hand-written one (seed, model, float64, optimizer, fit)
+    exactly, for ECD and AdamW; the model comes back in eval mode, in float64."""
+    from gaugebook.data import DefaultCorpus
+    from gaugebook.fitting import SMALL_GPT_HYPERPARAMETERS, SMALL_GPT_SIZE, train_small_gpt
+    from gaugebook.optim import make_optimizer
+
+    corpus = DefaultCorpus(seed=0)
+    for name, breaking in (("ecd", "bqv"), ("adamw", None)):
+        torch.manual_seed(3)
+        reference = GPT(GPTConfig(corpus.vocab_size, 32, 2, 2, 32, activation="prelu",
+                                  symmetry_breaking=breaking)).double()
+        opt = make_optimizer(name, reference.parameters(), **SMALL_GPT_HYPERPARAMETERS[name])
+        fit(reference, opt, lambda t: corpus.batch(t, 4, 32)[:2], 3)
+        model = train_small_gpt(corpus, name, breaking, steps=3, batch_size=4, seed=3)
+        assert not model.training and model.config.n_layer == SMALL_GPT_SIZE["n_layer"]
+        for (key, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
+            assert p.dtype == torch.float64 and torch.equal(p, q), key
+
+
+def test_train_small_gpt_without_biases_and_bad_names():
+    from gaugebook.data import DefaultCorpus
+    from gaugebook.fitting import SMALL_GPT_HYPERPARAMETERS, train_small_gpt
+
+    corpus = DefaultCorpus(seed=0)
+    plain = train_small_gpt(corpus, "ecd", "bqv", steps=1, batch_size=2, bias=False)
+    names = [name.rsplit(".", 1)[-1] for name, _ in plain.named_parameters()]
+    assert "W_Q" in names and not {"bias", "b_Q", "b_K", "b_V", "b_O"} & set(names)
+    with pytest.raises(ValueError, match="optimizer_name must be one of"):
+        train_small_gpt(corpus, "sgd", steps=1)
+    with pytest.raises(TypeError):  # the settings cannot be changed by accident
+        SMALL_GPT_HYPERPARAMETERS["ecd"]["lr"] = 2.0
