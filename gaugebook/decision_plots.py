@@ -374,10 +374,12 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     the statistic against the learning rate (log axis), one line per symmetry (its colour and
     marker, :data:`SYMMETRY_COLOR` and :data:`SYMMETRY_MARKER`), and in grey, the best
     symmetric statistic of each other arm (each arm in its own line style in every panel), so
-    that the gap between optimizers at their best reads off the panel. The value axis spans
-    ``span`` above the best statistic; a setting beyond it (one that trained badly or
-    diverged) is an upward arrow on the upper edge, in its symmetry's colour. One legend below
-    the panels. Returns the figure."""
+    that the gap between optimizers at their best reads off the panel. Each symmetry is
+    drawn at 0.9, 1 or 1.1 times the rate (in :data:`SYMMETRY_COLOR`'s order), so that equal
+    statistics stay visible side by side. The value axis spans ``span`` above the best
+    statistic; a setting beyond it (one that trained badly or diverged) is an upward arrow on
+    the upper edge, in its symmetry's colour, and the line breaks there. One legend below the
+    panels. Returns the figure."""
     import matplotlib.pyplot as plt
 
     arms = sorted({a for a, _, _ in stats})
@@ -397,9 +399,9 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
             if not points:
                 continue
             rates, values = np.array(points).T
-            ax.plot(rates, np.minimum(values, top), "-", marker=SYMMETRY_MARKER[symmetry],
-                    color=colour, label=symmetry)
-            beyond = values > top  # side by side on the edge, one symmetry beside the other
+            beyond = values > top
+            ax.plot(rates * nudge, np.where(beyond, np.nan, values), "-",
+                    marker=SYMMETRY_MARKER[symmetry], color=colour, label=symmetry)
             if beyond.any():
                 ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), ls="none",
                         marker=r"$\uparrow$", color=colour, ms=11, clip_on=False)

@@ -325,9 +325,9 @@ class Decision:
 
         per_seed = ", ".join(signed(d) for d in self.deltas.values())
         verdict = "helps" if self.helps else "does not meet the rule for helping"
-        return (f"{self.arm}, {self.symmetry}: breaking {verdict} (mean Delta "
+        return (f"breaking ({self.symmetry}) {verdict} {self.arm} (mean Δ "
                 f"{signed(self.mean)}, 95% t-interval [{signed(self.interval[0])}, "
-                f"{signed(self.interval[1])}], seeds {per_seed})")
+                f"{signed(self.interval[1])}], per seed {per_seed})")
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -700,8 +700,11 @@ class Table:
 
 
 def effects_table(effects: list[dict], *, caption: str | None = None) -> Table:
-    """:func:`breaking_effects` as a :class:`Table` (one row per broken run)."""
-    rows = [[e["arm"], e["activation"], e["symmetry"], e["seed"], e["step"],
-             e["baseline_value"], e["value"], f"{e['delta']:+.3f}"] for e in effects]
-    return Table(["arm", "activation", "breaking", "seed", "step", "symmetric", "broken",
-                  "Δ (broken − symmetric)"], rows, caption=caption)
+    """:func:`breaking_effects` as a :class:`Table` (one row per broken run), Δ beside the
+    breaking it measures; the seed gets a column only when the runs have several."""
+    several = len({e["seed"] for e in effects}) > 1
+    rows = [[e["arm"], e["activation"], e["symmetry"], f"{e['delta']:+.3f}",
+             e["baseline_value"], e["value"], e["step"]] + ([e["seed"]] if several else [])
+            for e in effects]
+    return Table(["arm", "activation", "breaking", "Δ (broken − symmetric)", "symmetric",
+                  "broken", "step"] + (["seed"] if several else []), rows, caption=caption)

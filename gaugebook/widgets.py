@@ -250,8 +250,9 @@ def orbit_figure(path: dict[str, torch.Tensor]) -> Figure:
     for key, style, colour, label in (
             ("parameter_change", "-", PALETTE[0], "parameters: |theta(s) - theta| / |theta|"),
             ("output_change", "o", PALETTE[3], "outputs: relative invariance error")):
-        keep = path[key] > 0  # exact zeros (at s = 0) have no place on a log scale
-        ax.semilogy(path["s"][keep], path[key][keep], style, color=colour, label=label)
+        # an exact zero (at s = 0) has no place on a log scale: NaN breaks the line there
+        values = torch.where(path[key] > 0, path[key], torch.nan)
+        ax.semilogy(path["s"], values, style, color=colour, label=label)
     ax.set(xlabel="position s along the one-parameter subgroup (dimensionless)",
            ylabel="relative change")
     ax.legend(fontsize=9)

@@ -283,12 +283,17 @@ def test_sweep_statistics_key_runs_by_arm_rate_and_symmetry_and_panels_draw_the_
     adamw, ecd = fig.axes
     assert adamw.get_title() == "adamw" and ecd.get_title() == "ecd-pt"
     assert adamw.get_xscale() == "log"
-    assert adamw.lines[0].get_xydata().tolist() == [[1e-3, 3.0], [1e-2, 2.5]]
+    # symmetric drawn at 0.9 times the rate, bqv at 1.1: side by side
+    assert adamw.lines[0].get_xydata().tolist() == [[pytest.approx(0.9e-3), 3.0],
+                                                    [pytest.approx(0.9e-2), 2.5]]
+    assert adamw.lines[1].get_xdata().tolist() == [pytest.approx(1.1e-3),
+                                                   pytest.approx(1.1e-2)]
     assert adamw.lines[-1].get_ydata()[0] == 2.8  # the other arm's best, dashed
     assert ecd.lines[-1].get_ydata()[0] == 2.5
     clipped = sweep_panels(stats, span=0.3).axes[0]  # 3.0 and 3.1 lie above 2.5 + 0.3
     symmetric, symmetric_beyond = clipped.lines[:2]
-    assert symmetric.get_ydata().tolist() == [pytest.approx(2.8), 2.5]
+    # the line breaks at the setting beyond the axis, which is an arrow on its edge
+    assert np.isnan(symmetric.get_ydata()[0]) and symmetric.get_ydata()[1] == 2.5
     assert symmetric_beyond.get_xydata().tolist() == [[pytest.approx(0.9e-3),
                                                         pytest.approx(2.8)]]
     assert clipped.get_ylim()[1] == pytest.approx(2.8)

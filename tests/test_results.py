@@ -198,6 +198,11 @@ def test_effects_table_and_provenance(grid):
     runs = load_runs(grid)
     table = effects_table(breaking_effects(runs))
     assert len(table.rows) == 2 and "-0.300" in table.to_html()
+    assert table.header[3].startswith("Δ") and "seed" not in table.header  # one seed
+    effects = breaking_effects(runs)
+    several = effects_table(effects + [dict(effects[0], seed=1)])
+    assert several.header[-1] == "seed" and [r[-1] for r in several.rows] == [
+        e["seed"] for e in effects] + [1]
     assert provenance_summary(runs) == {"git_commit": ["abc"], "device": ["cpu"]}
 
 
@@ -271,7 +276,7 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
     assert gl.deltas[1] > 0 and not gl.helps
     assert [(d.arm, d.symmetry) for d in decisions(runs)] == [("ecd-global", "bqv"),
                                                               ("ecd-pt", "bq")]
-    assert "helps (mean Delta -0.200" in pt.sentence()
+    assert pt.sentence().startswith("breaking (bq) helps ecd-pt (mean Δ -0.200")
     small = load_runs(write(tmp_path / "small",
                             *[paper_record("adamw", s, seed, 3.4 - 0.05 * (s == "bqv"))
                               for seed in range(3) for s in ("symmetric", "bqv")]))

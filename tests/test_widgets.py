@@ -2,6 +2,7 @@
 import copy
 import re
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -138,7 +139,10 @@ def test_orbit_path_moves_weights_not_outputs(small):
     assert path["parameter_change"][0] == 0
     assert path["parameter_change"][2] > path["parameter_change"][1] > 0.05
     assert (path["output_change"] < 1e-12).all()
-    assert isinstance(orbit_figure(path), Figure)
+    fig = orbit_figure(path)
+    assert isinstance(fig, Figure)
+    drawn = fig.axes[0].lines[0].get_ydata()  # the parameter change: a gap at s = 0
+    assert np.isnan(drawn[0]) and drawn[2] > drawn[1] > 0
 
 
 def test_orbit_explorer_callback_and_validation(small):
