@@ -102,6 +102,20 @@ def recorded_paper_runs(preset: str = "paper", *,
     return (runs if len(runs) == len(select_runs(preset)) else None), status
 
 
+def complete_recorded_runs(preset: str, *, extra_roots=()) -> list[Run]:
+    """Every run of ``preset``'s recorded folder (:func:`recorded_paper_runs`), for a chapter
+    that reads a recording the repository holds whole, such as the toy preset ``paper-cpu``.
+    Raises :class:`FileNotFoundError` that says what the folder holds when a run is missing or
+    truncated."""
+    runs, status = recorded_paper_runs(preset, extra_roots=extra_roots)
+    if runs is None:
+        raise FileNotFoundError(
+            f"{RECORDED_PRESETS[preset]} does not hold preset {preset!r} whole: {status}. "
+            f"Record it with python -m gaugebook.experiment --preset {preset} --batched "
+            f"(results/README.md gives the exact command).")
+    return runs
+
+
 def paper_runs(*, extra_roots=(), out: str | Path | None = None, steps: int = 60,
                eval_every: int = 10) -> tuple[list[Run], str, float]:
     """``(runs, source, seconds)``: the recorded runs of ``results/gpu/paper`` once it holds

@@ -251,15 +251,19 @@ def test_an_arm_is_decided_once_all_its_seeds_are_recorded_complete(tmp_path, mo
 
 
 def test_recorded_cpu_preset_is_read_from_its_own_folder(tmp_path, monkeypatch):
-    from gaugebook.decision_plots import recorded_paper_runs
+    from gaugebook.decision_plots import complete_recorded_runs, recorded_paper_runs
 
     monkeypatch.chdir(tmp_path)
     _write_paper_folder(tmp_path, seeds={0, 1}, preset="paper-cpu")
     runs, status = recorded_paper_runs("paper-cpu")
     assert runs is None and status.startswith("14 of the 21 runs recorded (parts seed0, seed1)")
+    with pytest.raises(FileNotFoundError, match="results/cpu/paper-cpu does not hold preset "
+                                                "'paper-cpu' whole: 14 of the 21 runs"):
+        complete_recorded_runs("paper-cpu")
     _write_paper_folder(tmp_path, seeds={2}, preset="paper-cpu")
     runs, _ = recorded_paper_runs("paper-cpu")
     assert len(runs) == 21
+    assert [r.name for r in complete_recorded_runs("paper-cpu")] == [r.name for r in runs]
     assert recorded_paper_runs("paper")[0] is None  # the GPU folder is another one
     with pytest.raises(ValueError, match="recorded presets: \\['paper', 'paper-cpu'\\]"):
         recorded_paper_runs("paper-smoke")

@@ -4,6 +4,8 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 ``remove-cell`` or ``hide-input`` (collapsed, one click away) are not. Over ``book/*.ipynb``:
 
 - no visible cell calls ``glue(`` (gluing is bookkeeping),
+- no visible cell holds an ``assert`` (a guard assert is bookkeeping too: it goes in the hidden
+  cell that shows the result, so the build still fails when the text stops being true),
 - no code line is wider than 88 characters, in a visible cell or a hidden one (a folded cell
   scrolls sideways once opened, and the Colab edition shows every cell),
 - no line of code shown in a fence of a markdown cell or page (``book/*.md``), such as an
@@ -27,6 +29,7 @@ These read the notebooks' JSON only (no kernel), so they are cheap. Run this fil
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -109,6 +112,20 @@ def test_there_are_chapters():
 
 def test_no_visible_glue():
     assert offenders(lambda p: measure(p)["glue_cells"]) == []
+
+
+def test_no_visible_assert():
+    def asserts(path):
+        found = []
+        for c in code_cells(path):
+            if visible(c):  # IPython's magics and shell escapes are not Python
+                code = "\n".join(line for line in source(c).splitlines()
+                                 if not line.lstrip().startswith(("%", "!")))
+                found += [ast.unparse(node)[:40] for node in ast.walk(ast.parse(code))
+                          if isinstance(node, ast.Assert)]
+        return found
+
+    assert offenders(asserts) == []
 
 
 def test_no_code_line_wider_than_88():
