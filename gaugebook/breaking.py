@@ -139,13 +139,19 @@ class ShiftedAttention(nn.Module):
     def __init__(self, attn: MultiHeadAttention, query_shifts: torch.Tensor | None = None,
                  value_shifts: torch.Tensor | None = None):
         super().__init__()
+        if not isinstance(attn, MultiHeadAttention):
+            raise TypeError(f"ShiftedAttention wraps a MultiHeadAttention, got "
+                            f"{type(attn).__name__}")
         counts = set()
         for name, shifts, width in (("query_shifts", query_shifts, attn.d_head),
                                     ("value_shifts", value_shifts, attn.d_value)):
             if shifts is None:
                 continue
-            if shifts.ndim != 2 or shifts.shape[1] != width:
-                raise ValueError(f"{name} must have shape [n_draws, {width}], "
+            if not isinstance(shifts, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor [n_draws, {width}], got "
+                                f"{type(shifts).__name__}")
+            if shifts.ndim != 2 or shifts.shape[1] != width or shifts.shape[0] == 0:
+                raise ValueError(f"{name} must have shape [n_draws, {width}] with n_draws >= 1, "
                                  f"got {tuple(shifts.shape)}")
             counts.add(shifts.shape[0])
         if not counts:
@@ -193,6 +199,10 @@ def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: 
       dimensions per draw, shared by all groups.
 
     Assumes ``d_head``, ``d_value`` at most the input dimension and no RoPE."""
+    check_positive_ints(n_kv_heads=n_kv_heads, d_head=d_head, d_value=d_value, d_out=d_out)
+    if not (0 <= r_q <= d_head and 0 <= r_v <= d_value):
+        raise ValueError(f"the draws' ranks must lie in [0, d_head] and [0, d_value], got "
+                         f"r_q={r_q}, r_v={r_v}")
     qk = n_kv_heads * (d_head * d_head - d_head * r_q)
     vo = n_kv_heads * d_value * d_value - r_v * min(n_kv_heads * d_value, d_out)
     return qk, vo

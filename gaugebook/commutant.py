@@ -13,8 +13,9 @@ We compute it as the null space of the linear map
 :math:`\operatorname{vec}(R X) = (R \otimes I) \operatorname{vec}(X)`, so the map's matrix is the
 stack of :math:`I \otimes R_i^\top - R_i \otimes I`, of shape ``[n d^2, d^2]``; its null space
 comes from the SVD. A singular value counts as zero when it is at most
-:math:`\mathrm{rtol} \cdot s_{\max}` with ``rtol = max(shape) * eps_float64`` (as in
-:mod:`gaugebook.redundancy`).
+:math:`\mathrm{rtol} \cdot \max(s_{\max}, 2 \max_i \|R_i\|_2)` with
+``rtol = max(shape) * eps_float64`` (as in :mod:`gaugebook.redundancy`; :func:`commutant` says
+why the second scale).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
-from gaugebook.run_files import existing_results, provenance, write_json_atomic
+from gaugebook.run_files import existing_results, provenance, run_locks, write_json_atomic
 from gaugebook.training import (check_distinct_names, check_runs, cohorts,
                                 optimizer_state_bytes, train, train_batched)
 
@@ -382,7 +382,10 @@ def main(argv=None) -> None:
         out = args.out or Path("runs") / args.preset
         check_runs(runs, out, args.device, args.cuda_graphs)
         done = existing_results(runs, out)  # refuses results written with other settings
-    except ValueError as e:
+        if not distributed:  # another process training one of these runs: say so now
+            with run_locks(out, runs):
+                pass
+    except (ValueError, RuntimeError) as e:
         parser.error(str(e))
     first = int(os.environ.get("RANK", 0)) == 0  # the process that reports
     if done and first:

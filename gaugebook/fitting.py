@@ -13,7 +13,9 @@ from types import MappingProxyType
 
 import torch
 
+from gaugebook.checks import check_positive_ints
 from gaugebook.data.stream import Batch
+from gaugebook.experiment import HP as TRAINER_HP
 from gaugebook.gpt import GPT, GPTConfig
 from gaugebook.optim import make_optimizer
 
@@ -22,10 +24,10 @@ __all__ = ["fit", "random_token_batches", "train_small_gpt", "SMALL_GPT_SIZE",
 
 #: The shape of :func:`train_small_gpt`'s model (GPTConfig fields).
 SMALL_GPT_SIZE = MappingProxyType(dict(block_size=32, n_layer=2, n_head=2, n_embd=32))
-#: The settings of its optimizers, ECD as the trainer's defaults and AdamW with torch's
-#: default weight decay.
+#: The settings of its optimizers, ECD as the trainer's defaults (``gaugebook.experiment.HP``)
+#: and AdamW with torch's default weight decay.
 SMALL_GPT_HYPERPARAMETERS = MappingProxyType({
-    "ecd": MappingProxyType(dict(lr=1.0, eta=100.0, F0=1.5)),
+    "ecd": MappingProxyType(dict(TRAINER_HP["ecd"])),
     "adamw": MappingProxyType(dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)),
 })
 
@@ -72,8 +74,7 @@ def fit(model: torch.nn.Module, optimizer, batches: Callable[[int], tuple] | Ite
     model, optimizer)`` runs after each step, to record what a chapter follows (charges, the
     path, the parameters).
     """
-    if type(steps) is not int or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    check_positive_ints(steps=steps)
     if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
         raise TypeError(f"optimizer must have step() and zero_grad(), got "
                         f"{type(optimizer).__name__}")
@@ -116,10 +117,7 @@ def random_token_batches(vocab_size: int, batch_size: int, block_size: int, *,
     Random tokens carry no structure to learn; what a chapter watches on them (charges, balances)
     follows from the symmetries alone.
     """
-    for name, value in (("vocab_size", vocab_size), ("batch_size", batch_size),
-                        ("block_size", block_size)):
-        if type(value) is not int or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_positive_ints(vocab_size=vocab_size, batch_size=batch_size, block_size=block_size)
     generator = torch.Generator().manual_seed(seed)
     drawn: list[torch.Tensor] = []  # drawn[t]: step t's tokens [batch_size, block_size + 1]
 

@@ -45,8 +45,8 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.checks import check_finite_tensors
 # The rest of a GPT's symmetries are defined and documented in gaugebook.gpt_gauge; they are
-# importable from here as well, where DESIGN.md section 4 promises them (not in __all__, so that
-# the API reference documents each once).
+# importable from here as well, beside the attention factors (not in __all__, so that the API
+# reference documents each once).
 from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F401
                                  HiddenRescaling, LayerNormScale, LayerNormShift,
                                  PositionCentring, ReaderCentring, ResidualCentring,

@@ -273,8 +273,12 @@ class GPT(nn.Module):
         if idx.numel() == 0:
             raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
         for name, ids in (("idx", idx), ("targets", targets)):
-            if ids is not None and (ids.is_floating_point() or ids.is_complex()):
+            if ids is not None and (ids.is_floating_point() or ids.is_complex()
+                                    or ids.dtype == torch.bool):
                 raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+        if targets is not None and targets.dtype != torch.long:
+            raise ValueError(f"targets must be torch.long (the cross-entropy's index type), got "
+                             f"{targets.dtype}: pass targets.long()")
         if not _host_reads_allowed(idx):
             return
         V = self.config.vocab_size

@@ -8,7 +8,8 @@ input layer after ``ln_2``. Per block (target: the ``Block`` of :mod:`gaugebook.
 * :class:`LayerNormScale` ``s [D]``: :math:`\gamma_i, \beta_i \to s_i \gamma_i, s_i \beta_i` and
   row :math:`i` of every reader over :math:`s_i`.
 * :class:`LayerNormShift` ``delta [D]``: :math:`\beta \to \beta + \delta`, every reader's bias
-  :math:`b \to b - \delta W`.
+  :math:`b \to b - \delta W` (a gate of gated RoPE, which has no bias, moves its columns along
+  :math:`1/\gamma` instead).
 * :class:`ReaderCentring` ``u``: column :math:`j` of every reader plus :math:`u_j / \gamma` (its
   bias minus :math:`(\beta \cdot 1/\gamma)\, u_j`): since :math:`n \cdot \mathbf{1} = 0`,
   :math:`y \cdot (1/\gamma) = \beta \cdot (1/\gamma)` is a constant.
@@ -47,7 +48,7 @@ __all__ = ["LayerNormScale", "LayerNormShift", "ReaderCentring", "ResidualCentri
 LAYERNORMS = ("ln_1", "ln_2")
 
 
-def _readers(block: Block, which: str, *, gates: bool = True) -> list[tuple[str, str, bool]]:
+def _readers(block: Block, which: str) -> list[tuple[str, str | None, bool]]:
     """``(weight, bias, per_head)`` of every parameter that multiplies ``which``'s output:
     per-head weights ``[n, D, c]`` (biases ``[n, c]``) of attention, or the MLP's
     ``c_fc.weight [4D, D]`` (bias ``[4D]``). Gates of gated RoPE read ``ln_1`` without a bias."""
@@ -56,7 +57,7 @@ def _readers(block: Block, which: str, *, gates: bool = True) -> list[tuple[str,
     if which == "ln_2":
         return [("mlp.c_fc.weight", "mlp.c_fc.bias", False)]
     out = [(f"attn.W_{s}", f"attn.b_{s}", True) for s in "QKV"]
-    if gates and block.attn.rope == "gated":
+    if block.attn.rope == "gated":
         out += [("attn.W_GQ", None, True), ("attn.W_GK", None, True)]
     return out
 
@@ -104,7 +105,13 @@ class LayerNormScale(ScalingFactor):
 
 @dataclass(frozen=True, eq=False)
 class LayerNormShift(TranslationFactor):
-    r""":math:`\beta \to \beta + \delta`, every reader's bias :math:`b \to b - \delta W`."""
+    r""":math:`\beta \to \beta' = \beta + \delta`, every reader's bias :math:`b \to b - \delta W`.
+
+    A reader without a bias (a gate :math:`W_G` of gated RoPE) absorbs the constant
+    :math:`\delta W_G` through its columns instead: :math:`W_G \to W_G + (1/\gamma)\, u^\top` with
+    :math:`u = -\delta W_G / (\beta' \cdot 1/\gamma)`, since :math:`y \cdot (1/\gamma) =
+    \beta' \cdot (1/\gamma)` for every token (:math:`n \cdot \mathbf{1} = 0`). Defined where
+    :math:`\beta' \cdot 1/\gamma \neq 0`, which holds at generic weights."""
 
     delta: torch.Tensor  # [D]
     which: str = "ln_1"
@@ -119,24 +126,27 @@ class LayerNormShift(TranslationFactor):
         super().check(block)
         if getattr(block, self.which).bias is None:
             raise ValueError(f"LayerNormShift needs {self.which} with a bias (bias=True)")
-        if any(bias is None for _, bias, _ in _readers(block, self.which)):
-            raise ValueError("LayerNormShift of ln_1 is no symmetry with gated RoPE: the gates "
-                             "have no bias to absorb the shift")
 
     def transform(self, params, block):
         delta = self.delta.to(params[f"{self.which}.bias"].device)
-        out = {f"{self.which}.bias": params[f"{self.which}.bias"] + delta}
+        beta = params[f"{self.which}.bias"] + delta  # [..., D]
+        inv_gamma = 1 / params[f"{self.which}.weight"]  # [..., D]
+        out = {f"{self.which}.bias": beta}
         for weight, bias, per_head in _readers(block, self.which):
             W = params[weight]
             read = (torch.einsum("d,...ndc->...nc", delta, W) if per_head
                     else torch.einsum("...jd,d->...j", W, delta))
-            out[bias] = params[bias] - read
+            if bias is not None:
+                out[bias] = params[bias] - read
+            else:  # a gate [..., n, D, c]: u [..., n, c]
+                u = -read / (beta * inv_gamma).sum(-1)[..., None, None]
+                out[weight] = W + inv_gamma[..., None, :, None] * u[..., :, None, :]
         return out
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
         shape = cls.shape(block, which)  # validates which
-        if getattr(block, which).bias is None or (which == "ln_1" and block.attn.rope == "gated"):
+        if getattr(block, which).bias is None:
             return torch.zeros(0, shape.numel(), dtype=DTYPE)
         return unit_basis(shape)
 

@@ -19,7 +19,8 @@ normalised ``n`` has mean zero; so, per layer:
   dimensions.
 * ``ln_gain``: ``gamma_i, beta_i -> s gamma_i, s beta_i`` with row ``i`` of every weight that reads
   the LayerNorm divided by ``s``: ``D`` per LayerNorm.
-* ``ln_bias``: ``beta -> beta + delta`` with the readers' biases ``b -> b - delta W``: ``b D`` per
+* ``ln_bias``: ``beta -> beta + delta`` with the readers' biases ``b -> b - delta W`` (the gates
+  of gated RoPE, which have no bias, move their columns along ``1/gamma`` instead): ``b D`` per
   LayerNorm.
 * ``ln_centring``: ``W -> W + (1/gamma) u^T`` (with ``b -> b - (beta . 1/gamma) u``) changes nothing
   because ``n . 1 = 0``: one direction per column of the readers, ``H d + 2 n_kv d`` after ``ln_1``,
@@ -52,6 +53,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import drawn_gauge
+from gaugebook.checks import check_number
 from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
@@ -256,14 +258,14 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
     term, and all columns together should span the Jacobian's null space. Each column is the
     derivative of a one-parameter family of symmetries at the identity
     (:func:`gaugebook.lie.tangent_map` of the factors of :mod:`gaugebook.gauge` and
-    :mod:`gaugebook.gpt_gauge`). Covers learned positions and RoPE, not gated RoPE or
+    :mod:`gaugebook.gpt_gauge`). Covers learned positions, RoPE and gated RoPE, not
     symmetry-breaking biases.
     """
     gpt = model.gpt if isinstance(model, LogProbabilities) else model
     if not isinstance(gpt, GPT):
         raise TypeError(f"expected a GPT or LogProbabilities, got {type(model).__name__}")
     c = gpt.config
-    if c.rope == "gated" or c.symmetry_breaking is not None:
+    if c.symmetry_breaking is not None:
         raise ValueError("redundant_directions covers learned positions and RoPE without "
                          "symmetry-breaking biases")
     root = ["gpt"] if isinstance(model, LogProbabilities) else []
@@ -300,10 +302,13 @@ def make_generic_(model: nn.Module, *, generator: torch.Generator | None = None,
     """Overwrite every parameter of a GPT (or block) with a generic value, in place; returns it.
 
     GPT-2's initialisation is a special point: LayerNorm gains all 1 and all biases 0 give the
-    network extra symmetries (chapter 6). Here weights are ``N(0, 1/fan_in)``, LayerNorm gains
-    uniform in ``[0.5, 1.5]``, PReLU slopes uniform in ``[0.1, 0.4]``, biases ``N(0, bias_std^2)``
-    (small, so that every PReLU unit's input takes both signs on typical data).
+    network extra symmetries (chapter 6). Here weights are ``N(0, 1/fan_in)``, with ``fan_in``
+    the input width of the matrix drawn (of each head's own block for attention: ``D`` for
+    ``W_Q[h]``, ``d_value`` for ``W_O[h]``), LayerNorm gains uniform in ``[0.5, 1.5]``, PReLU
+    slopes uniform in ``[0.1, 0.4]``, biases ``N(0, bias_std^2)`` (small, so that every PReLU
+    unit's input takes both signs on typical data; ``bias_std >= 0``).
     """
+    check_number("bias_std", bias_std, low=0.0, strict=False)
     def draw(shape, scale=1.0):
         return scale * torch.randn(shape, generator=generator, dtype=torch.float64)
 

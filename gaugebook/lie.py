@@ -72,6 +72,7 @@ from torch import nn
 from torch.func import jvp, vmap
 
 from gaugebook.attention import check_rope_mode
+from gaugebook.checks import check_positive_ints
 from gaugebook.linalg import DTYPE, check_invertible, check_permutation
 from gaugebook.rope import check_rotary_dim
 
@@ -377,6 +378,15 @@ def _flat(params: dict, names) -> torch.Tensor:
     return torch.cat([params[n].reshape(-1) for n in names])
 
 
+def _target(model: nn.Module, family: type[ContinuousFactor], target: str) -> nn.Module:
+    """``model``'s submodule at ``target``, or a ValueError naming the family and the target."""
+    try:
+        return model.get_submodule(target)
+    except AttributeError:
+        raise ValueError(f"{family.__name__}: {type(model).__name__} has no submodule "
+                         f"{target!r}") from None
+
+
 def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = "",
                 basis: torch.Tensor | None = None, *, trainable_only: bool = True,
                 **options) -> torch.Tensor:
@@ -385,7 +395,7 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
     as a vector over the trainable parameters of ``model`` (``named_parameters()`` order, each
     flattened row-major, the order of :func:`gaugebook.redundancy.jacobian`; all parameters with
     ``trainable_only=False``). ``options``: the factor's other fields. Float64."""
-    module = model.get_submodule(target)
+    module = _target(model, family, target)
     basis = family.lie_basis(module, **options) if basis is None else basis
     params = float64_parameters(model, trainable_only=False)  # the action may read frozen ones
     names = list(float64_parameters(model, trainable_only=trainable_only))
@@ -411,13 +421,16 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
     the target's parameters) dotted with every generator, by one reverse-mode pass through the
     action. ``shape`` is the family's parameter shape (default: that of ``lie_basis``);
     ``options``: the factor's other fields, as in :func:`tangent_map`."""
-    module = model.get_submodule(target)
+    module = _target(model, family, target)
     shape = family.lie_basis(module, **options).shape[1:] if shape is None else shape
     with torch.inference_mode(False), torch.enable_grad():  # callable from no-grad code
         params = float64_parameters(module)
         X = torch.zeros(shape, dtype=DTYPE, device=next(iter(params.values())).device,
                         requires_grad=True)
         moved = family.near_identity(X, **options).transform(params, module)
+        missing = sorted(set(moved) - set(momenta))
+        if missing:
+            raise ValueError(f"{family.__name__} moves {missing}, which have no momentum")
         p = {n: t.clone() if t.is_inference() else t for n, t in momenta.items()}
         pairing = sum((p[n] * t).sum() for n, t in moved.items())
         return torch.autograd.grad(pairing, X)[0]
@@ -442,6 +455,7 @@ def unit_basis(shape) -> torch.Tensor:
 
 def gl_basis(n: int) -> torch.Tensor:
     r"""``[n^2, n, n]``: the units :math:`E_{ij}` of :math:`\mathfrak{gl}(n)` in row-major order."""
+    check_positive_ints(n=n)
     return unit_basis((n, n))
 
 
@@ -506,6 +520,8 @@ def factor_redundancy(m: int, n: int, k: int) -> int:
     are lost. For :math:`k \le \min(m, n)` this is :math:`k^2 = \dim \GL(k)`; for :math:`k > n`
     the :math:`\GL(k)` action has a stabiliser.
     """
+    if any(type(x) is not int or x < 0 for x in (m, n, k)):
+        raise ValueError(f"m, n, k must be non-negative integers, got {m!r}, {n!r}, {k!r}")
     r = min(k, m, n)
     return (m + n) * k - r * (m + n - r)
 
@@ -535,6 +551,8 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
     ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
     RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE.
     """
+    check_positive_ints(d_in=d_in, d_out=d_out, n_kv_heads=n_kv_heads, group_size=group_size,
+                        d_head=d_head, d_value=d_value)
     check_rope_mode(rope)
     if rope:
         rotary_dim = check_rotary_dim(d_head, d_head if rotary_dim is None else rotary_dim)

@@ -81,6 +81,8 @@ def qk_charge(W_Q, W_K, P_Q, P_K) -> torch.Tensor:
     r""":math:`J_{QK} = \operatorname{antisym}(W_Q^\top P_Q + W_K^\top P_K)` for
     ``W_Q, P_Q [..., D, dk]``, ``W_K, P_K [..., D, dk]`` (augmented rows for biases allowed): the
     momentum map of :math:`\O(d_k)` acting as :math:`W_Q \to W_Q R`, :math:`W_K \to W_K R`."""
+    _check_momenta(W_Q=(W_Q, P_Q), W_K=(W_K, P_K))
+    _check_factors("W_Q [..., D, dk]", W_Q, "W_K [..., D', dk]", W_K, -1)
     return antisym(_T(W_Q) @ P_Q + _T(W_K) @ P_K)
 
 
@@ -88,7 +90,17 @@ def vo_charge(W_V, W_O, P_V, P_O) -> torch.Tensor:
     r""":math:`J_{VO} = \operatorname{antisym}(W_V^\top P_V - P_O W_O^\top)` for
     ``W_V, P_V [..., D, dv]``, ``W_O, P_O [..., dv, D]``: the momentum map of :math:`\O(d_v)`
     acting as :math:`W_V \to W_V R`, :math:`W_O \to R^\top W_O`."""
+    _check_momenta(W_V=(W_V, P_V), W_O=(W_O, P_O))
+    _check_factors("W_V [..., D, dv]", W_V, "W_O [..., dv, D']", W_O, -2)
     return antisym(_T(W_V) @ P_V - P_O @ _T(W_O))
+
+
+def _check_momenta(**pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """ValueError unless each weight's momentum (name=(weight, momentum)) has its shape."""
+    for name, (W, P) in pairs.items():
+        if W.shape != P.shape:
+            raise ValueError(f"the momentum of {name} must have its shape {tuple(W.shape)}, "
+                             f"got {tuple(P.shape)}")
 
 
 def _check_factors(a_shape: str, A: torch.Tensor, b_shape: str, B: torch.Tensor,

@@ -88,6 +88,8 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
         raise ValueError(f"indices {tuple(indices.shape)} do not match probs {tuple(probs.shape)}")
     if k > E:
         raise ValueError(f"{k} choices per token, but only {E} experts")
+    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        raise ValueError(f"indices must be integer expert ids, got dtype {indices.dtype}")
     p = probs.reshape(-1, E)  # (N, E)
     if p.shape[0] == 0:
         raise ValueError(f"the load-balancing loss needs at least one token, got probs of shape "
@@ -177,6 +179,9 @@ class MoE(nn.Module):
         if x.ndim < 1 or x.shape[-1] != self.d_model:
             raise ValueError(f"expected input of shape [..., d_model={self.d_model}], "
                              f"got {tuple(x.shape)}")
+        if x.dtype != self.W_r.dtype:
+            raise ValueError(f"input dtype {x.dtype} differs from the weights' {self.W_r.dtype}: "
+                             f"pass x.to({self.W_r.dtype})")
         logits = x @ self.W_r  # (..., E)
         return logits + self.b_r if self.has_router_bias else logits
 

@@ -183,7 +183,7 @@ class ECD(Optimizer):
         defaults = dict(lr=lr, eta=eta, F0=F0, nu=nu, weight_decay=weight_decay,
                         projection=projection, foreach=foreach)
         self._validate_group(defaults)
-        if fused not in (None, True, False):
+        if not (fused is None or isinstance(fused, bool)):  # 1 == True: "in" would take 1
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
         if fused and not ecd_kernels.AVAILABLE:
             raise ValueError("fused=True needs Triton (pip install triton); fused=None takes the "
@@ -241,7 +241,7 @@ class ECD(Optimizer):
         if group["projection"] not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, "
                              f"got {group['projection']!r}")
-        if group["foreach"] not in (None, True, False):
+        if not (group["foreach"] is None or isinstance(group["foreach"], bool)):
             raise ValueError(f"foreach must be None, True or False, got {group['foreach']!r}")
 
     def _partition(self, blocks, projection: str) -> list[int]:

@@ -52,6 +52,7 @@ REQUIRED = ("name", "config", "steps_done", "history", "final_val_loss", "probes
 RESULT_KEYS = REQUIRED + ("truncated", "skipped_steps", "peak_memory_bytes", "init_norm",
                           "trained_with", "alignment", "ways")
 HISTORY_KEYS = ("step", "train_loss", "val_loss", "J_QK", "J_VO", "wall_s")
+CONFIG_KEYS = ("optimizer", "symmetry", "activation", "seed")  # what a Run reads of the config
 # path length (ECD: steps x dt, the nominal path; None for other optimizers), distance
 # |theta - theta_0| from the initial weights, skipped steps so far
 HISTORY_EXTRA = ("path_length", "distance", "skipped_steps")
@@ -108,12 +109,20 @@ class Run:
 
     @classmethod
     def from_dict(cls, data: dict, path: Path | None = None) -> "Run":
-        """Validate a result record (as written by ``train``) and wrap it."""
+        """Validate a result record (as written by ``train``) and wrap it; ValueError naming
+        ``path`` for anything that is not one."""
         where = f" in {path}" if path else ""
+        if not isinstance(data, dict):
+            raise ValueError(f"result record{where} is a {type(data).__name__}, not an object")
         missing = [k for k in REQUIRED if k not in data]
         if missing:
             raise ValueError(f"result record{where} lacks the keys {missing}")
-        history = data["history"]
+        config, history = data["config"], data["history"]
+        if not isinstance(config, dict) or not isinstance(history, dict):
+            raise ValueError(f"config and history{where} must be objects")
+        lacking = [k for k in CONFIG_KEYS if k not in config]
+        if lacking:
+            raise ValueError(f"config{where} lacks the keys {lacking}")
         absent = [k for k in HISTORY_KEYS if k not in history]
         if absent:
             raise ValueError(f"history{where} lacks the keys {absent}")
@@ -123,7 +132,6 @@ class Run:
         steps = history["step"]
         if any(b <= a for a, b in zip(steps, steps[1:])):
             raise ValueError(f"history steps{where} are not increasing: {steps}")
-        config = data["config"]
         return cls(name=data["name"], optimizer=config["optimizer"], symmetry=config["symmetry"],
                    activation=config["activation"], seed=int(config["seed"]),
                    history=history, data=data, path=path, tag=config.get("tag", ""))
@@ -185,7 +193,7 @@ def load_runs(folder: str | Path) -> list[Run]:
     for path in paths:
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{path} is not valid JSON: {error}") from None
         runs.append(Run.from_dict(data, path))
     names = [r.name for r in runs]

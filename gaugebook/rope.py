@@ -69,6 +69,9 @@ def rotation_matrix(position: float, frequencies: torch.Tensor, d_head: int) -> 
     """The matrix :math:`R_t` ``[d_head, d_head]`` with ``rotate(x) == x @ R_t`` (row-vector
     convention)."""
     half = frequencies.numel()
+    if 2 * half > d_head:
+        raise ValueError(f"{half} frequencies rotate {2 * half} coordinates, more than "
+                         f"d_head={d_head} (at most d_head / 2 frequencies)")
     R = torch.eye(d_head, dtype=frequencies.dtype)
     c, s = torch.cos(position * frequencies), torch.sin(position * frequencies)
     i = torch.arange(half)

@@ -159,12 +159,18 @@ def check_same_config(cfg: RunConfig, stored: dict, path: Path) -> None:
     """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
     configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ)."""
     expected = _as_json(dataclasses.asdict(cfg))
-    stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
+    try:
+        stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path} holds a configuration this version cannot read ({error}): "
+                         "delete the file to train the run again, or write to another "
+                         "--out") from None
     differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here" for k in sorted(expected)
                  if stored[k] != expected[k] and k not in EXECUTION_FIELDS]
     if differing:
         raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
-                         ": write to another --out, or give this run a tag (--set tag=...)")
+                         ": write to another --out, give this run a tag (--set tag=...), or "
+                         "delete the file to train the run anew")
 
 
 def checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:

@@ -56,7 +56,7 @@ from torch import nn
 from torch.func import grad, jvp
 
 from gaugebook.attention import math_attention
-from gaugebook.checks import check_finite_tensors
+from gaugebook.checks import check_finite_tensors, check_number, check_positive_ints
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, gauge_layers
 from gaugebook.linalg import DTYPE
 from gaugebook.redundancy import FlatModel
@@ -217,7 +217,8 @@ class OrbitMinimum:
 
     ``element.act(model)`` is the flattest point found; ``sharpness`` is its top (largest,
     not largest in magnitude) Hessian eigenvalue, ``initial`` the one at ``model``; ``history``
-    has one value per step (each converged, also with ``method="hvp"``), and
+    has one value per evaluated point, ``steps + 1`` per round (the round's start and each
+    step; each converged, also with ``method="hvp"``), so ``rounds * (steps + 1)`` in all, and
     ``sharpness == min(history)``.
     """
 
@@ -270,9 +271,8 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     changes them all).
     """
     check_finite_tensors(model, *inputs)
-    if steps < 1 or rounds < 1 or lr <= 0:
-        raise ValueError(f"steps and rounds must be positive and lr > 0, got steps={steps}, "
-                         f"rounds={rounds}, lr={lr}")
+    check_positive_ints(steps=steps, rounds=rounds, power_iters=power_iters)
+    check_number("lr", lr, low=0.0, strict=True)
     if method not in ("auto", "dense", "hvp"):
         raise ValueError(f"method must be 'auto', 'dense' or 'hvp', got {method!r}")
     layers = gauge_layers(model)

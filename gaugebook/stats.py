@@ -31,7 +31,7 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
 @dataclass(frozen=True)
 class Correlation:
     """Spearman's rank correlation ``rho`` of ``n`` pairs (within ``strata`` groups, their
-    size-weighted mean), the two-sided permutation p-value ``p`` (the pairing permuted, within
+    size-weighted mean; ``n`` counts the pairs of the groups that entered), the two-sided permutation p-value ``p`` (the pairing permuted, within
     each group) and a percentile bootstrap interval ``(low, high)`` (pairs resampled, within
     each group)."""
 
@@ -135,8 +135,8 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     null = statistic(identity, shuffled)
     p = (1 + np.sum(np.abs(null) >= abs(observed) - 1e-12)) / (1 + resamples)
     low, high = np.nanpercentile(statistic(resampled, resampled), [2.5, 97.5])
-    return Correlation(observed, float(p), (float(low), float(high)), len(x),
-                       strata=len(groups))
+    return Correlation(observed, float(p), (float(low), float(high)),
+                       sum(len(g) for g in groups), strata=len(groups))
 
 
 def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,

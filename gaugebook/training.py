@@ -571,8 +571,9 @@ def check_distinct_names(runs: list[RunConfig]) -> None:
     names = [cfg.name for cfg in runs]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
-        raise ValueError(f"runs {clashes} would write the same result file: give them distinct "
-                         "names (--set tag=...) or drop the --set that made them equal")
+        raise ValueError(f"runs {clashes} would write the same result file: on the command line,"
+                         " drop the --set that made them equal (--set changes every run alike); "
+                         "in Python, give them distinct tags (RunConfig.tag)")
 
 
 def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool = False) -> None:
@@ -611,7 +612,10 @@ def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool 
             build_optimizer(cfg, model, params)
         except (TypeError, ValueError) as error:
             hint = (" (--set optimizer_hp=... replaces every entry; --set optimizer_hp.KEY=VALUE "
-                    "changes one)" if "missing" in str(error) else "")
+                    "changes one)" if "missing" in str(error) else
+                    " (--set changes every run alike: set one optimizer's option on a preset or"
+                    " --part that trains that optimizer alone)" if "unexpected" in str(error)
+                    else "")
             raise ValueError(f"{cfg.name}: optimizer_hp {cfg.optimizer_hp} is not accepted by "
                              f"{cfg.optimizer}: {error}{hint}") from None
 
@@ -636,8 +640,13 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     rank, world = _rank_world()
     done = run_files.existing_results(cfgs, out)
     todo = [cfg for cfg in cfgs if cfg.name not in done]
+    whole = run_files.checkpoint_path(out, cfgs, batched)
     if not todo:
+        if rank == 0:  # a call stopped between its last result and removing the checkpoint
+            whole.unlink(missing_ok=True)
         return [done[cfg.name] for cfg in cfgs]
+    if batched and len(todo) < len(cfgs) and whole.exists():
+        todo = cfgs  # stopped while writing the cohort's results: resume the whole cohort
     cfg = todo[0]
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by world size {world}")
@@ -681,10 +690,12 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
         # written meanwhile with other settings? refuse, keep it
         run_files.existing_results(todo, out)
         for record in records:
+            if record["name"] in done:  # written before an interruption: the same run
+                continue
             write_json_atomic(out / f"{record['name']}.json", record)
             (out / f"{record['name']}.error.json").unlink(missing_ok=True)  # an earlier failure
         cohort.ckpt_path.unlink(missing_ok=True)
-    done.update({r["name"]: r for r in records})
+    done.update({r["name"]: r for r in records if r["name"] not in done})
     return [done[cfg.name] for cfg in cfgs]
 
 

@@ -65,6 +65,41 @@ def test_each_member_follows_its_run_trained_alone(tmp_path, float64, arm):
         assert result["history"]["skipped_steps"] == single["history"]["skipped_steps"]
 
 
+def test_a_cohort_stopped_between_its_result_files_resumes_from_its_checkpoint(tmp_path,
+                                                                              monkeypatch):
+    """Ctrl-C after the first member's result file: the next call resumes the whole cohort from
+    its checkpoint (not the second member alone from step 0), writes only the missing file,
+    and leaves no checkpoint behind."""
+    from gaugebook import training
+
+    cfgs = [member("ecd-pt", "symmetric", 0, steps=24, checkpoint_every=8, eval_every=4),
+            member("ecd-pt", "bqv", 1, steps=24, checkpoint_every=8, eval_every=4)]
+    full = train_batched(cfgs, tmp_path / "full", progress=False)
+    write, written = training.write_json_atomic, []
+
+    def stopped_after_one(path, record):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        write(path, record)
+
+    monkeypatch.setattr(training, "write_json_atomic", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        train_batched(cfgs, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(training, "write_json_atomic", write)
+    first = (tmp_path / "cut" / f"{cfgs[0].name}.json").read_text()
+    resumed_at = []
+    resume = training._resume
+    monkeypatch.setattr(training, "_resume",
+                        lambda cohort: (resume(cohort), resumed_at.append(cohort.step)))
+    resumed = train_batched(cfgs, tmp_path / "cut", progress=False)
+    assert resumed_at == [16]  # the cohort's last checkpoint, not step 0
+    assert (tmp_path / "cut" / f"{cfgs[0].name}.json").read_text() == first  # not rewritten
+    for a, b in zip(full, resumed):
+        assert a["history"]["val_loss"] == b["history"]["val_loss"]
+    assert not list((tmp_path / "cut" / "checkpoints").glob("*.pt"))
+
+
 def test_batched_cpu_smoke_gives_the_histories_of_separate_runs(tmp_path):
     """float32, the command line: within 1e-4 relative."""
     main(["--preset", "cpu-smoke", "--out", str(tmp_path / "one"), "--device", "cpu"])

@@ -238,7 +238,7 @@ def test_a_result_or_checkpoint_of_other_settings_is_refused(tmp_path):
     train(cfg, tmp_path / "done")
     other = tiny(steps=4, optimizer_hp=dict(lr=0.5, eta=100.0, F0=1.0))
     with pytest.raises(ValueError, match=r"done/ecd-bqv-prelu-s0\.json holds run .*optimizer_hp"
-                                         r".*another --out, or give this run a tag"):
+                                         r".*another --out, give this run a tag .*or delete the file"):
         train(other, tmp_path / "done")
     assert train(override(other, ["tag=lr0.5"]), tmp_path / "done")["name"].endswith("-lr0.5")
     cut = tmp_path / "cut"

@@ -373,6 +373,8 @@ def test_ddp_averages_the_loss():
     (dict(F0=float("nan")), "F0"), (dict(F0=float("inf")), "F0"), (dict(F0="low"), "F0"),
     (dict(projection="per_layer"), "projection"), (dict(lr="fast"), "lr"),
     (dict(fused="yes"), "fused must be None, True or False"),
+    (dict(fused=1), "fused must be None, True or False"),  # 1 == True, yet not a bool
+    (dict(foreach=0), "foreach must be None, True or False"),
 ])
 def test_bad_hyperparameters(kwargs, match):
     hp = dict(lr=0.1, eta=1.0, F0=0.0) | kwargs

@@ -35,6 +35,17 @@ def test_a_second_writer_fails_clearly_instead_of_overwriting(tmp_path):
     assert train(cfg, tmp_path, progress=False)["steps_done"] == 8  # free again: it trains
 
 
+def test_the_command_line_names_a_held_run_before_training_any(tmp_path, capsys):
+    """It trained the preset's other runs first, then ended in a traceback."""
+    out = tmp_path / "o"
+    out.mkdir()
+    with open(out / "ecd-bqv-prelu-s0.lock", "a") as held:  # another process's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(out))
+    assert "another process is training ecd-bqv-prelu-s0" in err
+    assert not list(out.glob("*.json"))
+
+
 def test_a_refused_writer_leaves_the_holders_lock_in_force(tmp_path):
     cfg = tiny()
     with open(tmp_path / f"{cfg.name}.lock", "a") as held:  # another process's lock
@@ -84,6 +95,19 @@ def test_an_unreadable_result_is_set_aside_and_retrained(tmp_path, content):
     with pytest.warns(RuntimeWarning, match="unreadable"):
         result = train(cfg, tmp_path, progress=False)
     assert json.loads(path.read_text())["name"] == result["name"]
+
+
+def test_a_stored_config_this_version_cannot_read_names_its_file(tmp_path):
+    """It read as if the user's own --set were wrong ("unknown run config key(s) ['foo']")."""
+    cfg = tiny()
+    train(cfg, tmp_path, progress=False)
+    path = tmp_path / f"{cfg.name}.json"
+    record = json.loads(path.read_text())
+    record["config"]["foo"] = 1
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=f"{path} holds a configuration this version cannot "
+                                         r"read \(unknown run config key"):
+        train(cfg, tmp_path, progress=False)
 
 
 def test_stale_temporary_files_are_removed(tmp_path):
@@ -159,6 +183,10 @@ def test_gpt_refuses_bad_tokens_and_frozen_configs():
         model(idx, torch.tensor([[-100, 2, 10]]))  # cross_entropy: "Target 10 is out of bounds"
     with pytest.raises(ValueError, match="targets must hold integer token ids"):
         model(idx, idx.float())
+    with pytest.raises(ValueError, match="idx must hold integer token ids, got dtype torch.bool"):
+        model(idx.bool())
+    with pytest.raises(ValueError, match=r"targets must be torch.long .* pass targets.long\(\)"):
+        model(idx, idx.int())  # cross_entropy failed only after the whole forward pass
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.n_head = 3
     with pytest.raises(ValueError, match="divisible"):
@@ -276,3 +304,54 @@ def test_torchrun_refuses_options_it_cannot_honour(capsys, monkeypatch, tmp_path
     monkeypatch.setenv("WORLD_SIZE", "2")
     err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path), *option)
     assert "under torchrun" in err and "drop --batched and --workers" in err
+
+
+def test_symmetry_tools_name_the_bad_argument():
+    """Each was a deep RuntimeError, IndexError, KeyError or AttributeError, or (NaN) silence."""
+    from gaugebook.attention import MultiHeadAttention
+    from gaugebook.breaking import ShiftedAttention, drawn_gauge
+    from gaugebook.gauge import QKTransform
+    from gaugebook.gpt_redundancy import make_generic_
+    from gaugebook.lie import attention_terms, factor_redundancy, gl_basis, momentum_map, tangent_map
+    from gaugebook.mechanics import qk_charge, vo_charge
+    from gaugebook.moe import MoE, load_balancing_loss
+    from gaugebook.rope import rope_frequencies, rotation_matrix
+
+    m = MultiHeadAttention(4, 2, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="QKTransform: MultiHeadAttention has no submodule 'x'"):
+        tangent_map(m, QKTransform, "x")
+    with pytest.raises(ValueError, match=r"QKTransform moves \['W_K'\], which have no momentum"):
+        momentum_map(m, QKTransform, {"W_Q": torch.zeros_like(m.W_Q)})
+    W, P = torch.zeros(5, 3), torch.zeros(6, 3)
+    with pytest.raises(ValueError, match=r"momentum of W_K must have its shape \(6, 3\)"):
+        qk_charge(W, P, W, W)
+    with pytest.raises(ValueError, match="expected W_Q"):
+        qk_charge(W, torch.zeros(5, 2), W, torch.zeros(5, 2))
+    with pytest.raises(ValueError, match=r"momentum of W_O must have its shape \(3, 5\)"):
+        vo_charge(W, W.T, W, torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="more than d_head=2"):
+        rotation_matrix(1.0, rope_frequencies(4), 2)
+    with pytest.raises(ValueError, match="bias_std must be finite and >= 0"):
+        make_generic_(GPT(GPTConfig(11, 6, 1, 2, 8)), bias_std=float("nan"))
+    with pytest.raises(ValueError, match=r"with n_draws >= 1, got \(0, 2\)"):
+        ShiftedAttention(m, torch.zeros(0, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="query_shifts must be a tensor"):
+        ShiftedAttention(m, [[0.5, 0.5]])
+    with pytest.raises(TypeError, match="wraps a MultiHeadAttention, got Linear"):
+        ShiftedAttention(torch.nn.Linear(2, 2), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="m, n, k must be non-negative integers"):
+        factor_redundancy(-1, 2, 3)
+    with pytest.raises(ValueError, match="n_kv_heads must be a positive integer"):
+        attention_terms(d_in=4, d_out=4, n_kv_heads=-2, group_size=1, d_head=2, d_value=2,
+                        bias=False)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        gl_basis(-1)
+    with pytest.raises(ValueError, match="n_kv_heads must be a positive integer"):
+        drawn_gauge(n_kv_heads=-1, d_head=2, d_value=2, d_out=4, r_q=5, r_v=0)
+    with pytest.raises(ValueError, match="ranks must lie in"):
+        drawn_gauge(n_kv_heads=1, d_head=2, d_value=2, d_out=4, r_q=5, r_v=0)
+    moe = MoE(6, 4, 5, 2, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"input dtype torch.float64 differs .* x.to\("):
+        moe(torch.zeros(3, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="indices must be integer expert ids"):
+        load_balancing_loss(torch.full((3, 4), 0.25), torch.zeros(3, 2))

@@ -142,6 +142,16 @@ def test_load_errors(tmp_path):
     unordered = record("ecd", "bqv", [2, 1])
     with pytest.raises(ValueError, match="not increasing"):
         Run.from_dict(unordered)
+    # each was a TypeError, KeyError or UnicodeDecodeError without the file's name
+    no_optimizer = record("ecd", "bqv", [1, 2])
+    del no_optimizer["config"]["optimizer"]
+    for name, content in (("null", b"null"), ("latin", b"\xff\xfe{"),
+                          ("no-optimizer", json.dumps(no_optimizer).encode())):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "run.json").write_bytes(content)
+        with pytest.raises(ValueError, match=f"{folder / 'run.json'}"):
+            load_runs(folder)
 
 
 def test_table_html_escapes_and_formats():

@@ -169,6 +169,10 @@ def test_orbit_minimisation_errors(problem):
         minimise_over_orbit(model, loss, x, method="newton")
     with pytest.raises(ValueError, match="steps"):
         minimise_over_orbit(model, loss, x, steps=0)
+    for kw, name in ((dict(steps=2.5), "steps"), (dict(power_iters=0), "power_iters"),
+                     (dict(lr=float("nan")), "lr")):  # a TypeError, or scipy's, or silence
+        with pytest.raises(ValueError, match=name):
+            minimise_over_orbit(model, loss, x, **kw)
     rope = MultiHeadAttention(4, 2, 2, rope=True, dtype=DTYPE)
     with pytest.raises(ValueError, match="RoPE"):
         minimise_over_orbit(rope, lambda out: (out ** 2).mean(), x)

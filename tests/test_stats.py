@@ -36,6 +36,10 @@ def test_a_correlation_between_groups_is_not_one_within_them():
     assert within.strata == 3 and within.p > 0.05 and "within 3 groups" in within.sentence()
     y_related = level + x  # within groups too
     assert rank_correlation(x, y_related, strata=arm, resamples=2000).rho > 0.99
+    # a group too small for a rho is left out, and so are its pairs from n
+    small = np.array(["a"] * 5 + ["b"] * 2)
+    kept = rank_correlation(x[:7], y_related[:7], strata=small, resamples=99)
+    assert kept.n == 5 and kept.strata == 1 and "n = 5" in kept.sentence()
 
 
 def test_rank_correlation_power_is_the_level_under_the_null_and_grows_with_rho():

@@ -130,6 +130,8 @@ CASES = {
                       compose=_sum, function=log_probs),
     "ln2-shift": Case(gpt, gpt_input, LayerNormShift, "blocks.1", dict(which="ln_2"),
                       compose=_sum, function=log_probs),
+    "ln1-shift-gated": Case(lambda d: gpt(d, n_embd=8, rope="gated"), gpt_input, LayerNormShift,
+                            "blocks.0", dict(which="ln_1"), compose=_sum, function=log_probs),
     "ln1-centring": Case(gpt, gpt_input, ReaderCentring, "blocks.0", dict(which="ln_1"),
                          compose=_sum, function=log_probs),
     "ln2-centring": Case(gpt, gpt_input, ReaderCentring, "blocks.1", dict(which="ln_2"),
