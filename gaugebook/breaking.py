@@ -35,9 +35,10 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_positive_ints
+from gaugebook.lie import drawn_gauge
 
 __all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "query_distribution",
-           "SymmetryBreakingBias", "ShiftedAttention", "check_breaking", "drawn_gauge",
+           "SymmetryBreakingBias", "ShiftedAttention", "check_breaking",
            "redundancy_count"]
 
 BREAKING_MODES = (None, "bq", "bqv")
@@ -184,36 +185,13 @@ def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
     return int(torch.linalg.matrix_rank(shifts)) if shifts.numel() else 0
 
 
-def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: int,
-                r_v: int) -> tuple[int, int]:
-    r"""``(qk, vo)``: what fixed draws leave of the weight gauge
-    :math:`\GL(d_\text{head}) \times \GL(d_\text{value})` per key/value group (learned biases not
-    counted), with ``r_q``, ``r_v`` the ranks :math:`r_q`, :math:`r_v` of the query and value
-    draws (of their differences when learned biases absorb a common shift):
-
-    * QK: :math:`\{X \in \mathfrak{gl}(d_\text{head}) : b X = 0 \text{ for every draw } b\}`,
-      :math:`n_{kv} (d_\text{head}^2 - d_\text{head} r_q)`.
-    * VO: :math:`n_{kv} d_\text{value}^2` minus the constraints
-      :math:`\sum_h u Y_{g(h)} W_O^{(h)} = 0` for each independent draw :math:`u`: the output
-      shifts :math:`u W_O` summed over heads span :math:`\min(n_{kv} d_\text{value}, d_\text{out})`
-      dimensions per draw, shared by all groups.
-
-    Assumes ``d_head``, ``d_value`` at most the input dimension and no RoPE."""
-    check_positive_ints(n_kv_heads=n_kv_heads, d_head=d_head, d_value=d_value, d_out=d_out)
-    if not (0 <= r_q <= d_head and 0 <= r_v <= d_value):
-        raise ValueError(f"the draws' ranks must lie in [0, d_head] and [0, d_value], got "
-                         f"r_q={r_q}, r_v={r_v}")
-    qk = n_kv_heads * (d_head * d_head - d_head * r_q)
-    vo = n_kv_heads * d_value * d_value - r_v * min(n_kv_heads * d_value, d_out)
-    return qk, vo
-
-
 def redundancy_count(m: ShiftedAttention) -> int:
     r"""Redundancy of attention under fixed draws (no RoPE,
     :math:`d_\text{head}, d_\text{value} \le d_\text{model}`).
 
-    :func:`drawn_gauge` with ``d_out = d_model``, ``r_q`` the rank of the query draws (of their
-    differences when the layer has learned biases) and ``r_v`` likewise for the value draws,
+    :func:`~gaugebook.lie.drawn_gauge` with ``d_out = d_model``, ``r_q`` the rank of the query
+    draws (of their differences when the layer has learned biases) and ``r_v`` likewise for the
+    value draws,
     plus per key/value group :math:`d_\text{head}` from a learned :math:`b_K` (it still cancels)
     and :math:`d_\text{value}` from a learned :math:`b_V` (absorbed by :math:`b_O`).
     """

@@ -279,7 +279,6 @@ class HiddenPermutation(PermutationFactor):
         return out
 
 
-
 def residual_axes(model: GPT) -> dict[str, int]:
     """``{parameter name: its axis over residual features, counted from the end}``."""
     axes = {"wte.weight": -1, "ln_f.weight": -1, "ln_f.bias": -1, "wpe.weight": -1}

@@ -52,14 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.breaking import drawn_gauge
 from gaugebook.checks import check_number
 from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
                                  ResidualCentring)
-from gaugebook.lie import attention_terms, tangent_map
+from gaugebook.lie import attention_terms, drawn_gauge, tangent_map
 
 __all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "MIN_COUNTED_WIDTH",
            "LogProbabilities", "redundancy_terms", "block_terms", "redundancy_count",
@@ -125,7 +124,7 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     later reader is a LayerNorm); ``in_gpt=False``: the block on its own, output ``[B, T, D]``.
     With ``symmetry_breaking`` the count is for eval mode (the biases at their means): a learned
     bias absorbs a fixed shift (no change); without learned biases the means are one fixed draw
-    (:func:`gaugebook.breaking.drawn_gauge`; the value mean counts when ``mu_v != 0``). The
+    (:func:`gaugebook.lie.drawn_gauge`; the value mean counts when ``mu_v != 0``). The
     arguments obey :class:`~gaugebook.gpt.GPTConfig`'s rules, with ``d_model`` its ``n_embd``.
 
     Narrow blocks have redundant directions that no term counts, so they are refused: widths
@@ -156,15 +155,24 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
         sectors["qk_gauge"], sectors["vo_gauge"] = drawn_gauge(
             n_kv_heads=Hkv, d_head=d, d_value=d, d_out=D_out, r_q=1,
             r_v=int(symmetry_breaking == "bqv" and mu_v != 0.0))
-    qk, key_bias, vo = sectors["qk_gauge"], sectors["key_bias"], sectors["vo_gauge"]
-    gates = H * d + Hkv * d if rope == "gated" and not bias else 0  # bias-free readers of ln_1
-    return dict(
-        qk_gauge=qk, key_bias=key_bias, vo_gauge=vo, value_bias=Hkv * b * d,
-        ln_gain=2 * D, ln_bias=2 * b * D,
-        ln_centring=(H * d + 2 * Hkv * d + gates) + 4 * D,
-        residual_centring=(H * d + b + 4 * D + b) if in_gpt else b,
-        mlp_rescaling=4 * D if activation == "prelu" else 0,
-    )
+    # the other terms: the dimensions of the gpt_gauge factors' algebras, read off a block
+    # built on the meta device (shapes only, no memory: GPT-2 small's blocks too)
+    with torch.device("meta"):
+        block = Block(GPTConfig(2, 2, 1, n_head, d_model, n_kv_head=n_kv_head, bias=bias,
+                                activation=activation, rope=rope))
+
+        def dimension(family, module, **options):
+            return len(family.lie_basis(module, **options))
+
+        return dict(
+            sectors,
+            ln_gain=sum(dimension(LayerNormScale, block, which=w) for w in LAYERNORMS),
+            ln_bias=sum(dimension(LayerNormShift, block, which=w) for w in LAYERNORMS),
+            ln_centring=sum(dimension(ReaderCentring, block, which=w) for w in LAYERNORMS),
+            # on its own, only b_O + c 1 with the MLP's output bias - c 1 (ln_2 does not see it)
+            residual_centring=dimension(ResidualCentring, block) if in_gpt else b,
+            mlp_rescaling=dimension(HiddenRescaling, block.mlp),
+        )
 
 
 def redundancy_terms(config: GPTConfig, *, output: str = "log_probs") -> dict[str, int]:

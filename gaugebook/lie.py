@@ -56,8 +56,9 @@ hidden-unit permutation                                    ``ExpertPermutation``
                                                            ``ExpertHiddenPermutation``
 =========================================================  ====================================
 
-The dimension formulas of the attention sectors (:func:`attention_terms`) and of the product
-map (:func:`factor_redundancy`) live here too, so that the counts of
+The dimension formulas of the attention sectors (:func:`attention_terms`, and
+:func:`drawn_gauge` for fixed symmetry-breaking draws) and of the product map
+(:func:`factor_redundancy`) live here too, so that the counts of
 :mod:`gaugebook.redundancy` and :mod:`gaugebook.gpt_redundancy` come from one place.
 """
 from __future__ import annotations
@@ -80,7 +81,7 @@ __all__ = ["Factor", "ContinuousFactor", "MatrixFactor", "TranslationFactor", "S
            "PermutationFactor", "GaugeElement", "identity", "tangent_map",
            "momentum_map", "project", "gl_basis", "rope_commutant_basis",
            "rope_plane_breaking_basis", "unit_basis",
-           "factor_redundancy", "attention_terms", "float64_parameters"]
+           "factor_redundancy", "drawn_gauge", "attention_terms", "float64_parameters"]
 
 
 # ----------------------------------------------------------------------------- group elements
@@ -524,6 +525,30 @@ def factor_redundancy(m: int, n: int, k: int) -> int:
         raise ValueError(f"m, n, k must be non-negative integers, got {m!r}, {n!r}, {k!r}")
     r = min(k, m, n)
     return (m + n) * k - r * (m + n - r)
+
+
+def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: int,
+                r_v: int) -> tuple[int, int]:
+    r"""``(qk, vo)``: what fixed draws leave of the weight gauge
+    :math:`\GL(d_\text{head}) \times \GL(d_\text{value})` per key/value group (learned biases not
+    counted), with ``r_q``, ``r_v`` the ranks :math:`r_q`, :math:`r_v` of the query and value
+    draws (of their differences when learned biases absorb a common shift):
+
+    * QK: :math:`\{X \in \mathfrak{gl}(d_\text{head}) : b X = 0 \text{ for every draw } b\}`,
+      :math:`n_{kv} (d_\text{head}^2 - d_\text{head} r_q)`.
+    * VO: :math:`n_{kv} d_\text{value}^2` minus the constraints
+      :math:`\sum_h u Y_{g(h)} W_O^{(h)} = 0` for each independent draw :math:`u`: the output
+      shifts :math:`u W_O` summed over heads span :math:`\min(n_{kv} d_\text{value}, d_\text{out})`
+      dimensions per draw, shared by all groups.
+
+    Assumes ``d_head``, ``d_value`` at most the input dimension and no RoPE."""
+    check_positive_ints(n_kv_heads=n_kv_heads, d_head=d_head, d_value=d_value, d_out=d_out)
+    if not (0 <= r_q <= d_head and 0 <= r_v <= d_value):
+        raise ValueError(f"the draws' ranks must lie in [0, d_head] and [0, d_value], got "
+                         f"r_q={r_q}, r_v={r_v}")
+    qk = n_kv_heads * (d_head * d_head - d_head * r_q)
+    vo = n_kv_heads * d_value * d_value - r_v * min(n_kv_heads * d_value, d_out)
+    return qk, vo
 
 
 def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, d_head: int,

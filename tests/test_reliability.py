@@ -309,10 +309,11 @@ def test_torchrun_refuses_options_it_cannot_honour(capsys, monkeypatch, tmp_path
 def test_symmetry_tools_name_the_bad_argument():
     """Each was a deep RuntimeError, IndexError, KeyError or AttributeError, or (NaN) silence."""
     from gaugebook.attention import MultiHeadAttention
-    from gaugebook.breaking import ShiftedAttention, drawn_gauge
+    from gaugebook.breaking import ShiftedAttention
     from gaugebook.gauge import QKTransform
     from gaugebook.gpt_redundancy import make_generic_
-    from gaugebook.lie import attention_terms, factor_redundancy, gl_basis, momentum_map, tangent_map
+    from gaugebook.lie import (attention_terms, drawn_gauge, factor_redundancy, gl_basis,
+                               momentum_map, tangent_map)
     from gaugebook.mechanics import qk_charge, vo_charge
     from gaugebook.moe import MoE, load_balancing_loss
     from gaugebook.rope import rope_frequencies, rotation_matrix
