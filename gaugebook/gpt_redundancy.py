@@ -274,8 +274,8 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
         raise TypeError(f"expected a GPT or LogProbabilities, got {type(model).__name__}")
     c = gpt.config
     if c.symmetry_breaking is not None:
-        raise ValueError("redundant_directions covers learned positions and RoPE without "
-                         "symmetry-breaking biases")
+        raise ValueError("redundant_directions covers learned positions, RoPE and gated RoPE, "
+                         "without symmetry-breaking biases")
     root = ["gpt"] if isinstance(model, LogProbabilities) else []
     cols = {name: [] for name in TERMS}
 
@@ -317,6 +317,7 @@ def make_generic_(model: nn.Module, *, generator: torch.Generator | None = None,
     unit's input takes both signs on typical data; ``bias_std >= 0``).
     """
     check_number("bias_std", bias_std, low=0.0, strict=False)
+
     def draw(shape, scale=1.0):
         return scale * torch.randn(shape, generator=generator, dtype=torch.float64)
 
