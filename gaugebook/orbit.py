@@ -66,8 +66,8 @@ def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
     value-bias translations (with biases). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
-    check_finite_tensors(m)
     _check(m)
+    check_finite_tensors(m)
     per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
                   for family in ATTENTION_ALGEBRA]  # (n_params, Hkv, k_family) each
     return torch.cat(per_family, dim=2).flatten(1)

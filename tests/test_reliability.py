@@ -316,6 +316,7 @@ def test_symmetry_tools_name_the_bad_argument():
                                momentum_map, tangent_map)
     from gaugebook.mechanics import qk_charge, vo_charge
     from gaugebook.moe import MoE, load_balancing_loss
+    from gaugebook.orbit import orbit_tangents
     from gaugebook.rope import rope_frequencies, rotation_matrix
 
     m = MultiHeadAttention(4, 2, 2, dtype=torch.float64)
@@ -351,6 +352,8 @@ def test_symmetry_tools_name_the_bad_argument():
         drawn_gauge(n_kv_heads=-1, d_head=2, d_value=2, d_out=4, r_q=5, r_v=0)
     with pytest.raises(ValueError, match="ranks must lie in"):
         drawn_gauge(n_kv_heads=1, d_head=2, d_value=2, d_out=4, r_q=5, r_v=0)
+    with pytest.raises(TypeError, match="expected a MultiHeadAttention, got Tensor"):
+        orbit_tangents(torch.zeros(3))  # an AttributeError of the finiteness check
     moe = MoE(6, 4, 5, 2, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input dtype torch.float64 differs .* x.to\("):
         moe(torch.zeros(3, 6, dtype=torch.float64))
