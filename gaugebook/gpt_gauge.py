@@ -331,6 +331,8 @@ class PositionCentring(TranslationFactor):
         return (model.config.block_size if model.wpe is not None else 0,)
 
     def transform(self, params, model):
+        if "wpe.weight" not in params:  # RoPE: c has shape [0], nothing moves
+            return {}
         return {"wpe.weight": params["wpe.weight"] + self.c.to(params["wpe.weight"])[:, None]}
 
 

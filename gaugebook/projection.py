@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import jvp, vmap
 
 from gaugebook.attention import math_attention
+from gaugebook.checks import check_number, check_positive_ints
 from gaugebook.linalg import numerical_rank
 from gaugebook.redundancy import parameter_function
 
@@ -89,8 +90,7 @@ def _sketch(output, theta: torch.Tensor, directions: torch.Tensor,
     if directions.ndim != 2 or directions.shape[1] != theta.numel():
         raise ValueError(f"directions must have shape [k, n_params={theta.numel()}], "
                          f"got {tuple(directions.shape)}")
-    if chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk}")
+    check_positive_ints(chunk=chunk)
 
     def along(v):  # J v
         return jvp(output, (theta,), (v,))[1]
@@ -123,8 +123,8 @@ def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: flo
     fraction of ``n_params``. (The source's step "apply a gauge transformation
     to each direction" has no definite meaning for a random direction and is not done.)
     """
-    if n_directions < 1:
-        raise ValueError(f"n_directions must be a positive integer, got {n_directions}")
+    check_positive_ints(n_directions=n_directions)
+    check_number("rtol", rtol, low=0.0, strict=True)
     output, theta = parameter_function(model, *inputs)
     V = _unit_directions(theta.numel(), n_directions, generator)
     changes = _changes(output, theta, V)
@@ -145,8 +145,7 @@ def sketched_rank(model: nn.Module, *inputs, n_columns: int, rtol: float | None 
     count as zero; ``gap`` is the ratio of the last kept to the first dropped singular value
     (infinite when none is dropped).
     """
-    if n_columns < 1:
-        raise ValueError(f"n_columns must be a positive integer, got {n_columns}")
+    check_positive_ints(n_columns=n_columns)
     output, theta = parameter_function(model, *inputs)
     omega = torch.randn(n_columns, theta.numel(), generator=generator, dtype=torch.float64)
     Y = _sketch(output, theta, omega, chunk)  # (n_outputs, k)

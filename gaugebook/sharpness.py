@@ -157,8 +157,7 @@ def top_eigenvalue(f: Callable, theta: torch.Tensor, *, max_iter: int = 1000, rt
     warm-starts it (default: a Gaussian vector from ``generator``). Convergence is
     geometric with ratio :math:`|\lambda_2 / \lambda_1|`: ``residual`` says how far it got.
     """
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be positive, got {max_iter}")
+    check_positive_ints(max_iter=max_iter)
     if v0 is None:  # drawn on the CPU (the same numbers on every device), then moved
         v = torch.randn(theta.shape, generator=generator, dtype=theta.dtype).to(theta.device)
     else:
@@ -196,8 +195,8 @@ def hutchinson_trace(f: Callable, theta: torch.Tensor, n_samples: int = 64, *,
 
     Its variance is :math:`2 (\|H\|_F^2 - \sum_i H_{ii}^2) / n`, with :math:`n` = ``n_samples``.
     """
-    if n_samples < 2:
-        raise ValueError(f"n_samples must be at least 2, got {n_samples}")
+    if type(n_samples) is not int or n_samples < 2:
+        raise ValueError(f"n_samples must be an integer >= 2, got {n_samples!r}")
     samples = []
     for _ in range(n_samples):
         z = torch.randint(0, 2, theta.shape, generator=generator)  # on the CPU, then moved

@@ -310,14 +310,17 @@ def test_symmetry_tools_name_the_bad_argument():
     """Each was a deep RuntimeError, IndexError, KeyError or AttributeError, or (NaN) silence."""
     from gaugebook.attention import MultiHeadAttention
     from gaugebook.breaking import ShiftedAttention
-    from gaugebook.gauge import QKTransform
+    from gaugebook.gauge import GaugeElement, QKTransform
+    from gaugebook.gpt_gauge import PositionCentring
     from gaugebook.gpt_redundancy import make_generic_
     from gaugebook.lie import (attention_terms, drawn_gauge, factor_redundancy, gl_basis,
                                momentum_map, tangent_map)
     from gaugebook.mechanics import qk_charge, vo_charge
     from gaugebook.moe import MoE, load_balancing_loss
     from gaugebook.orbit import orbit_tangents
+    from gaugebook.projection import zero_change_estimate
     from gaugebook.rope import rope_frequencies, rotation_matrix
+    from gaugebook.sharpness import hutchinson_trace, top_eigenvalue
 
     m = MultiHeadAttention(4, 2, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="QKTransform: MultiHeadAttention has no submodule 'x'"):
@@ -354,6 +357,18 @@ def test_symmetry_tools_name_the_bad_argument():
         drawn_gauge(n_kv_heads=1, d_head=2, d_value=2, d_out=4, r_q=5, r_v=0)
     with pytest.raises(TypeError, match="expected a MultiHeadAttention, got Tensor"):
         orbit_tangents(torch.zeros(3))  # an AttributeError of the finiteness check
+    rope_gpt = GPT(GPTConfig(11, 6, 1, 2, 8, rope=True))
+    moved = GaugeElement(PositionCentring(torch.zeros(0))).act(rope_gpt)  # was a KeyError
+    assert all(torch.equal(a, b) for a, b in zip(moved.parameters(), rope_gpt.parameters()))
+    with pytest.raises(ValueError, match="max_iter must be a positive integer"):
+        top_eigenvalue(lambda t: (t ** 2).sum(), torch.ones(3), max_iter=2.5)
+    with pytest.raises(ValueError, match="n_samples must be an integer >= 2"):
+        hutchinson_trace(lambda t: (t ** 2).sum(), torch.ones(3), 4.0)
+    with pytest.raises(ValueError, match="n_directions must be a positive integer"):
+        zero_change_estimate(m, torch.zeros(1, 3, 4, dtype=torch.float64), n_directions=2.5)
+    with pytest.raises(ValueError, match="rtol must be finite and > 0"):
+        zero_change_estimate(m, torch.zeros(1, 3, 4, dtype=torch.float64), n_directions=2,
+                             rtol=float("nan"))
     moe = MoE(6, 4, 5, 2, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input dtype torch.float64 differs .* x.to\("):
         moe(torch.zeros(3, 6, dtype=torch.float64))
