@@ -49,6 +49,13 @@ def check_float_dtype(dtype) -> None:
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
 
 
+def check_integer_dtype(name: str, t: torch.Tensor, what: str, note: str = "") -> None:
+    """ValueError unless the tensor ``t`` holds integers (not floats, complex numbers or bools):
+    ``"{name} must hold integer {what}, got dtype ..."`` with ``note`` appended."""
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer {what}, got dtype {t.dtype}{note}")
+
+
 def check_finite(name: str, value) -> float:
     """``value`` as a finite float; ValueError otherwise (also for a string or a bool)."""
     x = _real(value)

@@ -31,7 +31,8 @@ from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Tab
                                pairs_by_seed)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
-           "recorded_paper_arms", "complete_recorded_runs", "paper_runs", "seed_band", "path_ratio", "ROW_LABELS",
+           "recorded_paper_arms", "complete_recorded_runs", "paper_runs", "seed_band",
+           "path_ratio", "ROW_LABELS",
            "band_panels", "paired_deltas", "delta_panels", "decision_table", "sweep_statistics",
            "best_rates", "sweep_panels", "SYMMETRY_COLOR", "SYMMETRY_MARKER"]
 

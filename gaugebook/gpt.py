@@ -22,7 +22,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention, check_rope_mode
 from gaugebook.breaking import SymmetryBreakingBias, check_breaking
-from gaugebook.checks import check_positive_ints
+from gaugebook.checks import check_integer_dtype, check_positive_ints
 
 __all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
            "check_block_options"]
@@ -273,9 +273,8 @@ class GPT(nn.Module):
         if idx.numel() == 0:
             raise ValueError(f"empty batch: idx has shape {tuple(idx.shape)}")
         for name, ids in (("idx", idx), ("targets", targets)):
-            if ids is not None and (ids.is_floating_point() or ids.is_complex()
-                                    or ids.dtype == torch.bool):
-                raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+            if ids is not None:
+                check_integer_dtype(name, ids, "token ids")
         if targets is not None and targets.dtype != torch.long:
             raise ValueError(f"targets must be torch.long (the cross-entropy's index type), got "
                              f"{targets.dtype}: pass targets.long()")

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from gaugebook.checks import check_number, check_positive_ints
+from gaugebook.checks import check_integer_dtype, check_number, check_positive_ints
 
 __all__ = ["DTYPE", "ZERO_RTOL", "relative_change", "random_orthogonal", "spread", "random_gl",
            "numerical_rank", "principal_cosines", "loglog_slope", "remove_components",
@@ -170,9 +170,7 @@ def check_permutation(perm, n: int | None = None, name: str = "perm") -> torch.T
     ``long`` tensor on the CPU, wherever ``perm`` lives (the check compares with a CPU
     ``arange``; actions move it to their module's device)."""
     given = torch.as_tensor(perm).detach()
-    if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer indices, got dtype {given.dtype} "
-                         f"({given.tolist()}): a float would be truncated")
+    check_integer_dtype(name, given, "indices", f" ({given.tolist()}): a float would be truncated")
     perm = given.to(torch.long).cpu()
     n = perm.numel() if n is None else n
     if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):

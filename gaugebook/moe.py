@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gaugebook.checks import check_float_dtype, check_positive_ints
+from gaugebook.checks import check_float_dtype, check_integer_dtype, check_positive_ints
 from gaugebook.lie import GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor
 from gaugebook.linalg import check_permutation
 
@@ -88,8 +88,7 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
         raise ValueError(f"indices {tuple(indices.shape)} do not match probs {tuple(probs.shape)}")
     if k > E:
         raise ValueError(f"{k} choices per token, but only {E} experts")
-    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-        raise ValueError(f"indices must be integer expert ids, got dtype {indices.dtype}")
+    check_integer_dtype("indices", indices, "expert ids")
     p = probs.reshape(-1, E)  # (N, E)
     if p.shape[0] == 0:
         raise ValueError(f"the load-balancing loss needs at least one token, got probs of shape "

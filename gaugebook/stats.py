@@ -31,9 +31,9 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
 @dataclass(frozen=True)
 class Correlation:
     """Spearman's rank correlation ``rho`` of ``n`` pairs (within ``strata`` groups, their
-    size-weighted mean; ``n`` counts the pairs of the groups that entered), the two-sided permutation p-value ``p`` (the pairing permuted, within
-    each group) and a percentile bootstrap interval ``(low, high)`` (pairs resampled, within
-    each group)."""
+    size-weighted mean; ``n`` counts the pairs of the groups that entered), the two-sided
+    permutation p-value ``p`` (the pairing permuted, within each group) and a percentile
+    bootstrap interval ``(low, high)`` (pairs resampled, within each group)."""
 
     rho: float
     p: float

@@ -372,5 +372,5 @@ def test_symmetry_tools_name_the_bad_argument():
     moe = MoE(6, 4, 5, 2, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"input dtype torch.float64 differs .* x.to\("):
         moe(torch.zeros(3, 6, dtype=torch.float64))
-    with pytest.raises(ValueError, match="indices must be integer expert ids"):
+    with pytest.raises(ValueError, match="indices must hold integer expert ids, got dtype torch.float32"):
         load_balancing_loss(torch.full((3, 4), 0.25), torch.zeros(3, 2))
