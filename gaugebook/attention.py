@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gaugebook.checks import check_float_dtype, check_positive_ints
+from gaugebook.checks import check_bool, check_float_dtype, check_positive_ints
 from gaugebook.rope import check_rotary_dim, rope_frequencies, rotate
 
 __all__ = ["MultiHeadAttention", "math_attention", "check_rope_mode", "ROPE_MODES"]
@@ -87,8 +87,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         check_rope_mode(rope)
         check_float_dtype(dtype)
-        if not isinstance(causal, bool):
-            raise ValueError(f"causal must be True or False, got {causal!r}")
+        check_bool("causal", causal)
         if rotary_dim is not None and not rope:
             raise ValueError(f"rotary_dim={rotary_dim} needs rope=True or \"gated\", "
                              f"got rope={rope!r}")

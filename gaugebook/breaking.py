@@ -36,6 +36,7 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_positive_ints
 from gaugebook.lie import drawn_gauge
+from gaugebook.linalg import numerical_rank
 
 __all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "query_distribution",
            "SymmetryBreakingBias", "ShiftedAttention", "check_breaking",
@@ -182,7 +183,7 @@ def _draw_rank(shifts: torch.Tensor | None, absorbed: bool) -> int:
     shifts = shifts.detach().double()
     if absorbed:
         shifts = shifts[1:] - shifts[:1]
-    return int(torch.linalg.matrix_rank(shifts)) if shifts.numel() else 0
+    return numerical_rank(torch.linalg.svdvals(shifts), shifts.shape)[0]
 
 
 def redundancy_count(m: ShiftedAttention) -> int:

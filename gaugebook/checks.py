@@ -6,8 +6,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["check_number", "check_finite", "check_positive_ints", "check_float_dtype",
-           "check_finite_tensors"]
+__all__ = ["check_number", "check_finite", "check_positive_ints", "check_bool",
+           "check_float_dtype", "check_integer_dtype", "check_finite_tensors"]
 
 
 def _real(value) -> float:
@@ -37,6 +37,14 @@ def check_positive_ints(**sizes) -> None:
     for name, value in sizes.items():
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_bool(name: str, value, *, optional: bool = False) -> None:
+    """ValueError unless ``value`` is ``True`` or ``False`` (or ``None`` when ``optional``): a
+    switch. ``1`` and ``"no"`` are refused, though ``1 == True`` and ``"no"`` is truthy."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        allowed = "None, True or False" if optional else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def check_float_dtype(dtype) -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention, check_rope_mode
 from gaugebook.breaking import SymmetryBreakingBias, check_breaking
-from gaugebook.checks import check_integer_dtype, check_positive_ints
+from gaugebook.checks import check_bool, check_integer_dtype, check_positive_ints
 
 __all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
            "check_block_options"]
@@ -47,8 +47,7 @@ def check_block_options(*, n_embd: int, n_head: int, n_kv_head: int, bias: bool,
         raise ValueError(f"{width_name}={n_embd} is not divisible by n_head={n_head}")
     if n_head % n_kv_head:
         raise ValueError(f"n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
-    if not isinstance(bias, bool):
-        raise ValueError(f"bias must be True or False, got {bias!r}")
+    check_bool("bias", bias)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     check_rope_mode(rope)

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.checks import check_number
+from gaugebook.checks import check_bool, check_number
 from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
@@ -133,6 +133,7 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     through which the slopes act beyond the hidden rescaling (``D_out = D - 1`` inside a GPT,
     ``D`` on its own): a PReLU GPT of width 4 had 7 more per layer, width 5 had 4 more.
     """
+    check_bool("in_gpt", in_gpt)
     check_block_options(n_embd=d_model, n_head=n_head, n_kv_head=n_kv_head, bias=bias,
                         activation=activation, rope=rope, symmetry_breaking=symmetry_breaking,
                         mu_v=mu_v, width_name="d_model")

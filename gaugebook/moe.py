@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gaugebook.checks import check_float_dtype, check_integer_dtype, check_positive_ints
+from gaugebook.checks import (check_bool, check_float_dtype, check_integer_dtype,
+                              check_positive_ints)
 from gaugebook.lie import GaugeElement, PermutationFactor, ScalingFactor, TranslationFactor
 from gaugebook.linalg import check_permutation
 
@@ -128,9 +129,8 @@ class MoE(nn.Module):
         if activation not in EXPERT_ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(EXPERT_ACTIVATIONS)}, "
                              f"got {activation!r}")
-        for name, value in dict(router_bias=router_bias, renormalize=renormalize).items():
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
+        check_bool("router_bias", router_bias)
+        check_bool("renormalize", renormalize)
         check_float_dtype(dtype)
         self.d_model, self.n_experts, self.d_hidden, self.k = d_model, n_experts, d_hidden, k
         self.activation, self.renormalize = activation, renormalize

@@ -31,7 +31,7 @@ from torch.optim import Optimizer
 
 from gaugebook import ecd_kernels
 from gaugebook.baselines import adamw, muon, sgdm, soap
-from gaugebook.checks import check_finite, check_number
+from gaugebook.checks import check_bool, check_finite, check_number
 
 __all__ = ["ECD", "ecd_kappa", "ecd_dt", "make_optimizer", "OPTIMIZERS",
            "PROJECTIONS"]
@@ -183,8 +183,7 @@ class ECD(Optimizer):
         defaults = dict(lr=lr, eta=eta, F0=F0, nu=nu, weight_decay=weight_decay,
                         projection=projection, foreach=foreach)
         self._validate_group(defaults)
-        if not (fused is None or isinstance(fused, bool)):  # 1 == True: "in" would take 1
-            raise ValueError(f"fused must be None, True or False, got {fused!r}")
+        check_bool("fused", fused, optional=True)
         if fused and not ecd_kernels.AVAILABLE:
             raise ValueError("fused=True needs Triton (pip install triton); fused=None takes the "
                              "fused step where it can, fused=False never")
@@ -241,8 +240,7 @@ class ECD(Optimizer):
         if group["projection"] not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, "
                              f"got {group['projection']!r}")
-        if not (group["foreach"] is None or isinstance(group["foreach"], bool)):
-            raise ValueError(f"foreach must be None, True or False, got {group['foreach']!r}")
+        check_bool("foreach", group["foreach"], optional=True)
 
     def _partition(self, blocks, projection: str) -> list[int]:
         """The tensor of the partition that each parameter (in group order) belongs to."""

@@ -138,6 +138,7 @@ def test_training_mode_with_breaking_counts_and_measures_the_eval_function():
     (dict(n_kv_head=0), "n_kv_head must be a positive integer, got 0"),
     (dict(d_model=6.0), "d_model must be a positive integer"),
     (dict(bias=1), "bias must be True or False"),
+    (dict(in_gpt="no"), "in_gpt must be True or False, got 'no'"),  # was counted as inside
     (dict(rope=True), "head size d_model/n_head=3 must be even"),
     # narrow blocks: measured more redundant than every term (GELU width 2: 22 more)
     (dict(d_model=3, n_head=1, n_kv_head=1), r"width d_model >= 4 \(inside a GPT, gelu\)"),
