@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from gaugebook.run_config import RunConfig, override
-from gaugebook.run_files import existing_results, provenance, run_locks, write_json_atomic
+from gaugebook.run_files import (RunFileConflict, existing_results, provenance, run_locks,
+                                 write_json_atomic)
 from gaugebook.training import (check_distinct_names, check_runs, cohorts,
                                 optimizer_state_bytes, train, train_batched)
 
@@ -393,6 +394,8 @@ def main(argv=None) -> None:
               "result to train its run again)", file=sys.stderr)
     try:
         _run(args, runs, out, distributed)
+    except RunFileConflict as e:  # a checkpoint met in training: the runs before it are saved
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     except KeyboardInterrupt:
         print(_interrupted(out), file=sys.stderr)
         sys.exit(130)

@@ -31,9 +31,15 @@ import torch.distributed as dist
 from gaugebook.results import Run
 from gaugebook.run_config import EXECUTION_FIELDS, RunConfig
 
-__all__ = ["provenance", "write_json_atomic", "save_atomic", "set_aside", "run_locks",
-           "remove_stale_temporaries", "check_same_config", "checkpoint_path",
+__all__ = ["RunFileConflict", "provenance", "write_json_atomic", "save_atomic", "set_aside",
+           "run_locks", "remove_stale_temporaries", "check_same_config", "checkpoint_path",
            "existing_results"]
+
+
+class RunFileConflict(ValueError):
+    """A result or checkpoint on disk that this call may neither skip nor resume: written for
+    other settings, another time budget or an older format. The message names the file and the
+    fix; the command line prints it without a traceback, whenever training meets it."""
 
 
 def _git(*args: str) -> str:
@@ -156,21 +162,22 @@ def _as_json(config: dict) -> dict:
 
 
 def check_same_config(cfg: RunConfig, stored: dict, path: Path) -> None:
-    """ValueError when ``path`` (a result or checkpoint of ``cfg.name``) was written for another
-    configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may differ)."""
+    """:class:`RunFileConflict` when ``path`` (a result or checkpoint of ``cfg.name``) was
+    written for another configuration (:data:`~gaugebook.run_config.EXECUTION_FIELDS` may
+    differ)."""
     expected = _as_json(dataclasses.asdict(cfg))
     try:
         stored = _as_json(dataclasses.asdict(RunConfig.from_dict(stored)))  # fills newer fields
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{path} holds a configuration this version cannot read ({error}): "
-                         "delete the file to train the run again, or write to another "
-                         "--out") from None
+        raise RunFileConflict(f"{path} holds a configuration this version cannot read "
+                              f"({error}): delete the file to train the run again, or write "
+                              "to another --out") from None
     differing = [f"{k}: {stored[k]!r} there, {expected[k]!r} here" for k in sorted(expected)
                  if stored[k] != expected[k] and k not in EXECUTION_FIELDS]
     if differing:
-        raise ValueError(f"{path} holds run {cfg.name} with other settings ({'; '.join(differing)})"
-                         ": write to another --out, give this run a tag (--set tag=...), or "
-                         "delete the file to train the run anew")
+        raise RunFileConflict(f"{path} holds run {cfg.name} with other settings "
+                              f"({'; '.join(differing)}): write to another --out, give this run "
+                              "a tag (--set tag=...), or delete the file to train the run anew")
 
 
 def checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
@@ -183,8 +190,9 @@ def checkpoint_path(out: Path, cfgs: list[RunConfig], batched: bool) -> Path:
 
 
 def existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
-    """The results in ``out`` of ``cfgs``' runs, by name; ValueError for one written with other
-    settings, or cut by another time budget than ``cfg.max_wall_s`` (not the run asked for)."""
+    """The results in ``out`` of ``cfgs``' runs, by name; :class:`RunFileConflict` for one
+    written with other settings, or cut by another time budget than ``cfg.max_wall_s`` (not the
+    run asked for)."""
     found = {}
     for cfg in cfgs:
         path = out / f"{cfg.name}.json"
@@ -199,8 +207,9 @@ def existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
             check_same_config(cfg, result["config"], path)
             budget = result["config"].get("max_wall_s")
             if result.get("truncated") and budget != cfg.max_wall_s:
-                raise ValueError(f"{path} holds run {cfg.name} cut at step {result['steps_done']} "
-                                 f"by max_wall_s={budget}, not {cfg.max_wall_s}: delete it to "
-                                 "train the run again, or write to another --out")
+                raise RunFileConflict(f"{path} holds run {cfg.name} cut at step "
+                                      f"{result['steps_done']} by max_wall_s={budget}, not "
+                                      f"{cfg.max_wall_s}: delete it to train the run again, or "
+                                      "write to another --out")
             found[cfg.name] = result
     return found

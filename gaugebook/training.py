@@ -290,13 +290,14 @@ def _resume(cohort: _Cohort) -> None:
     except Exception as error:  # noqa: BLE001 - truncated, empty or garbage: any unpickling error
         run_files.set_aside(path, error)
         return
+    conflict = run_files.RunFileConflict
     if "configs" not in ckpt:
-        raise ValueError(f"{path} is a checkpoint of an older format (before batched training): "
-                         "delete it to restart this run from step 0")
+        raise conflict(f"{path} is a checkpoint of an older format (before batched training): "
+                       "delete it to restart this run from step 0")
     configs = ckpt["configs"]
     if len(configs) != len(cohort.members):
-        raise ValueError(f"{path} holds a cohort of {len(configs)} runs, this one has "
-                         f"{len(cohort.members)}: write to another --out")
+        raise conflict(f"{path} holds a cohort of {len(configs)} runs, this one has "
+                       f"{len(cohort.members)}: write to another --out")
     for m, stored in zip(cohort.members, configs):
         run_files.check_same_config(m.cfg, stored, path)
     with torch.no_grad():

@@ -103,6 +103,22 @@ def test_the_command_line_skips_finished_runs_and_refuses_other_settings(tmp_pat
     assert "error: " in err and "with other settings (steps: 2 there, 3 here)" in err
 
 
+def test_the_command_line_names_a_checkpoint_of_other_settings_without_a_traceback(tmp_path,
+                                                                                  capsys):
+    """A checkpoint is read only when its run trains: the conflict ends the call like the
+    parser's errors (exit 2, one line naming the file), not in a traceback from training."""
+    args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
+            "eval_every=2", "--set", "probe_instances=4", "--set", "checkpoint_every=2"]
+    first = override(select_runs("cpu-smoke")[0], args[7::2] + ["steps=4"])
+    train(first, tmp_path, stop_after=2, progress=False)  # leaves its checkpoint at step 2
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--set", "steps=6"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert f"error: {tmp_path}/checkpoints/ecd-symmetric-prelu-s0.pt holds run " in err
+    assert "steps: 4 there, 6 here" in err and "delete the file to train the run anew" in err
+
+
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path):
     """A real Ctrl-C (SIGINT to the process group) once a checkpoint exists: one line, no
     traceback, exit code 130."""
