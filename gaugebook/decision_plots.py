@@ -171,7 +171,8 @@ def seed_band(runs: list[Run], key: str = "val_loss") -> dict[str, np.ndarray]:
             "max": values.max(0)}
 
 
-ROW_LABELS = {"val_loss": "validation loss", "path_ratio": "nominal path\n" r"$/\ |\theta_0|$",
+ROW_LABELS = {"val_loss": "validation loss\n(nats)",
+              "path_ratio": "nominal path\n" r"$/\ |\theta_0|$",
               "J_QK": r"$|J_{QK}|$", "J_VO": r"$|J_{VO}|$", "skipped_steps": "skipped steps"}
 """How :func:`band_panels` labels its rows (any other history key: the key itself), in
 matplotlib's mathtext.
@@ -329,7 +330,7 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
     for ax in axes.flat[len(pairs):]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
-        ax.set_ylabel("Δ validation loss")
+        ax.set_ylabel("Δ validation loss (nats)")
     for ax in axes[-1]:
         ax.set_xlabel("step")
     seeds = {label: Line2D([], [], color=line.get_color(), lw=1)  # the colours, not the markers
@@ -428,7 +429,7 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
         ax.set_ylim(low - 0.05 * span, top)
         ax.set_xlabel("learning rate")
         ax.set_title(arm)
-    axes[0, 0].set_ylabel(f"mean of the last {LAST_EVALUATIONS}\nvalidation losses")
+    axes[0, 0].set_ylabel(f"mean of the last {LAST_EVALUATIONS}\nvalidation losses (nats)")
     legend = _handles(axes)  # one column the symmetries in their order, one the other arms' best
     order = [s for s in SYMMETRY_COLOR if s in legend] + sorted(set(legend) - set(SYMMETRY_COLOR))
     _legend_below(fig, {label: legend[label] for label in order}, ncol=2, title=title)

@@ -66,7 +66,7 @@ def test_decision_table_and_panels():
     assert ax.get_title() == "ecd-pt" and len(ax.lines) == 2
     assert np.allclose(ax.lines[1].get_ydata(), 1.81)  # bq mean over seeds: 1.8 + 0.01
     assert not fig.axes[1].lines and "not recorded" in fig.axes[1].texts[0].get_text()
-    assert [a.get_ylabel() for a in fig.axes] == ["validation loss",
+    assert [a.get_ylabel() for a in fig.axes] == ["validation loss\n(nats)",
                                                   "nominal path\n" r"$/\ |\theta_0|$"]
 
 
