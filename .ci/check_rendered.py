@@ -306,6 +306,8 @@ class StaticPage(HTMLParser):
         self.interactive = 0    # gaugebook.interactive figures: each control must respond
         self.remote = []        # scripts and stylesheets on another host
         self.local_links = []   # links to files of the book (relative URLs), without #fragment
+        self.anchors = []       # links within the page (#fragment)
+        self.ids = set()        # the page's element ids: what those links can reach
         self.stderr = 0         # cell outputs on stderr (warnings, log messages)
 
     def handle_starttag(self, tag, attrs):
@@ -318,7 +320,11 @@ class StaticPage(HTMLParser):
             self.widget_views += 1
         if tag == "div" and INTERACTIVE in classes(attrs):
             self.interactive += 1
+        if a.get("id"):
+            self.ids.add(a["id"])
         href = a.get("href") if tag == "a" else None
+        if href and href.startswith("#") and len(href) > 1:
+            self.anchors.append(href[1:])
         if href and not re.match(r"[a-z][a-z0-9+.-]*:|//|#", href):
             self.local_links.append(href.split("#")[0].split("?")[0])
         url = a.get("src") if tag == "script" else a.get("href") if tag == "link" else None
@@ -531,6 +537,8 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
         target = (html_dir / page).parent / link
         if link and not (target.is_file() or (target / "index.html").is_file()):
             result.failures.append(f"links to {link}, which the build does not have")
+    for anchor in sorted(set(static.anchors) - static.ids):
+        result.failures.append(f"links to #{anchor}, an anchor this page does not have")
     if static.stderr:
         result.failures.append(f"{static.stderr} cell outputs on stderr (a warning or log "
                                "message shown to readers: fix its cause)")

@@ -84,7 +84,8 @@ def orbit_diagram() -> Figure:
     s = np.linspace(-1.05, 1.0, 100)
     _curve(ax, 3.0 + 1.9 * np.sin(s), 3.1 + 1.6 * s - 0.6 * s**2, ORANGE)
     _label(ax, 3.3, 4.7, r"orbit $G\cdot\theta$", ORANGE, 10)
-    theta, off = (3.0, 3.1), (1.7, 2.2)
+    # theta + delta: a step off the orbit, on the side of the boxes, well clear of the curve
+    theta, off = (3.0, 3.1), (3.75, 2.2)
     gtheta = (3.0 + 1.9 * math.sin(0.35), 3.1 + 1.6 * 0.35 - 0.6 * 0.35**2)
     for p, t, dx in ((theta, r"$\theta$", -0.35), (gtheta, r"$g\cdot\theta$", 0.55),
                      (off, r"$\theta+\delta$", -0.1)):
@@ -94,7 +95,7 @@ def orbit_diagram() -> Figure:
     _box(ax, 8.3, 1.8, r"$f(X;\theta+\delta)$: another function", RED, w=2.8, size=9)
     _arrow(ax, theta, (6.85, 4.1), GREEN, rad=-0.15)
     _arrow(ax, gtheta, (6.85, 4.3), GREEN, rad=-0.1)
-    _arrow(ax, off, (6.85, 1.8), RED, rad=0.15)
+    _arrow(ax, off, (6.85, 1.8), RED, rad=0.1)
     _label(ax, 8.3, 5.1, r"functions $X \mapsto f(X;\cdot)$", GREEN, 10)
     return fig
 
@@ -162,7 +163,9 @@ def tangent_space_diagram() -> Figure:
     ax.plot(3.0, 3.0, "o", color="black", ms=5)
     _label(ax, 3.0, 2.55, r"$\theta$", size=11)
     _curve(ax, [0.6, 5.4], [3.22, 2.78], BLUE, lw=1.5, ls="--")
-    _label(ax, 0.5, 3.7, r"$T_\theta(\mathcal{G}\cdot\theta)$ = span of $X_k\cdot\theta$",
+    # below the tangent line: above it, the orbit would run through the label
+    _label(ax, 0.5, 2.4,
+           r"$T_\theta(\mathcal{G}\cdot\theta)$" "\n" r"= span of $X_k\cdot\theta$",
            BLUE, 9, ha="left")
     _arrow(ax, (3.0, 3.0), (4.4, 2.87), BLUE, lw=2)
     _box(ax, 8.0, 4.4, r"$\ker J(\theta)$: directions with" "\n" r"$J\,\delta\theta = 0$",
@@ -184,13 +187,13 @@ def rope_commutant_diagram(n_planes: int = 3) -> Figure:
     xs = np.linspace(1.8, 8.2, n_planes)
     for i, x in enumerate(xs):
         ax.add_patch(Circle((x, 3.7), 1.0, fc=_tint(BLUE, 0.08), ec=BLUE, lw=1))
-        angle = 0.5 + 0.9 * i
+        angle = 0.5 + 0.9 * (n_planes - 1 - i)  # theta_i falls with i: plane 0 turns most
         ax.plot([x, x + math.cos(0.3)], [3.7, 3.7 + math.sin(0.3)], color=GREY, lw=1)
         _arrow(ax, (x, 3.7), (x + math.cos(0.3 + angle), 3.7 + math.sin(0.3 + angle)), BLUE,
                lw=1.8)
         pair = f"{i}+r/2" if i else "r/2"
         _label(ax, x, 5.05, rf"plane {i}: $(x_{{{i}}}, x_{{{pair}}})$", BLUE, 9)
-        _label(ax, x + 0.55, 3.05, rf"$t\theta_{i}$", BLUE, 9)
+        _label(ax, x + 0.45, 3.15, rf"$t\theta_{i}$", BLUE, 9)  # inside the circle
         _box(ax, x, 1.65, rf"$\rho_{i} R(\varphi_{i})$", GREEN, w=1.6, size=10)
         _arrow(ax, (x, 2.6), (x, 2.05), GREEN)
     _label(ax, 5.0, 5.75, r"RoPE: $q_t \to q_t R_t$, plane $i$ turns by $t\,\theta_i$,"

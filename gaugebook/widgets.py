@@ -248,7 +248,8 @@ def orbit_figure(path: dict[str, torch.Tensor]) -> Figure:
     fig = Figure(layout="constrained")
     ax = fig.subplots()
     for key, style, colour, label in (
-            ("parameter_change", "-", PALETTE[0], "parameters: |theta(s) - theta| / |theta|"),
+            ("parameter_change", "-", PALETTE[0],
+             r"parameters: $|\theta(s) - \theta|\,/\,|\theta|$"),
             ("output_change", "o", PALETTE[3], "outputs: relative invariance error")):
         # an exact zero (at s = 0) has no place on a log scale: NaN breaks the line there
         values = torch.where(path[key] > 0, path[key], torch.nan)

@@ -104,6 +104,18 @@ def test_a_figure_is_listed_with_the_first_sentence_of_its_caption():
     assert lists._figure(figure, {}) is None  # not numbered: not listed
 
 
+def test_a_listed_caption_links_into_its_chapter():
+    """A caption's link to another figure of its chapter (``#id``) points into the chapter
+    once the caption is copied to the page of lists; links to other pages stay as they are."""
+    from docutils import nodes
+
+    title = nodes.inline("", "", nodes.reference("", "Fig. 17.1", refuri="#ch17-fig-curves"),
+                         nodes.reference("", "ch. 16", refuri="16_protocol.html#top"))
+    lists._rebase(title, "17_experiment.html")
+    assert [r["refuri"] for r in title.findall(nodes.reference)] == [
+        "17_experiment.html#ch17-fig-curves", "16_protocol.html#top"]
+
+
 def test_a_figure_links_to_its_slide_files_from_any_page(tmp_path, monkeypatch):
     builder = SimpleNamespace(format="html", get_target_uri=lambda doc: doc + ".html")
     app = SimpleNamespace(outdir=str(tmp_path), builder=builder)

@@ -84,6 +84,14 @@ def _figure(node, numbers):
     return name, first
 
 
+def _rebase(title, page: str) -> None:
+    """Point the same-page links (``#id``) of ``title``, copied from chapter ``page``, into
+    that chapter: on the page of lists they would name anchors it does not have."""
+    for ref in title.findall(nodes.reference):
+        if ref.get("refuri", "").startswith("#"):
+            ref["refuri"] = page + ref["refuri"]
+
+
 KINDS = {
     "results": lambda n: isinstance(n, nodes.Element) and n.get("realtype") is not None
     and n.get("countertype") is not None,
@@ -116,7 +124,9 @@ def _chapter_list(app, fromdoc, doc, kind):
         if entry is None:
             continue
         name, title = entry
-        uri = f"{app.builder.get_relative_uri(fromdoc, doc)}#{node['ids'][0]}"
+        page = app.builder.get_relative_uri(fromdoc, doc)
+        _rebase(title, page)
+        uri = f"{page}#{node['ids'][0]}"
         link = nodes.reference("", "", nodes.strong(name, name), refuri=uri, internal=True)
         line = nodes.paragraph("", "", link, nodes.Text(": "), title)
         files = links(app, fromdoc, node["ids"][0]) if kind == "figures" else []
