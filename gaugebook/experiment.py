@@ -6,7 +6,7 @@ skipped, so parts accumulate into one results folder. Checkpoints (``<out>/check
 written every ``checkpoint_every`` steps and an interrupted run resumes exactly (model, optimizer,
 random state and data position are restored; the data stream is a pure function of seed and step).
 Runs of one folder that differ only in other settings (a sweep's learning rates) need distinct
-``tag``s (``--set tag=...``): a result or checkpoint written for other settings is refused,
+``tag`` values (``--set tag=...``): a result or checkpoint written for other settings is refused,
 except for how the run is executed (``compile``, ``max_wall_s``, ``checkpoint_every``).
 
 Command line::
@@ -18,7 +18,7 @@ Command line::
     torchrun --nproc_per_node 2 -m gaugebook.experiment --preset cpu-smoke --out runs/ddp
 
 ``--batched`` trains the runs that share an optimizer setting and a model shape as one batched
-model (:func:`gaugebook.training.train_batched`): the same result files, one forward and backward
+model (``gaugebook.training.train_batched``): the same result files, one forward and backward
 for all of them; ``--workers K`` then trains K such cohorts concurrently.
 """
 from __future__ import annotations
@@ -97,13 +97,27 @@ PAPER_ARMS = (  # (optimizer, tag, optimizer_hp, symmetries)
     ("adamw", "", dict(lr=PAPER_ADAMW_LR, betas=(0.9, 0.999), weight_decay=0.0),
      ("symmetric", "bqv")),
 )
-#: The pre-registered decision rule of the preset ``paper``, as text.
 PAPER_DECISION = """Pre-registered decision rule of the preset `paper` (fixed before any GPU result).
 For each run the statistic is the mean validation loss of its last 5 evaluations. For each ECD
 arm (per-tensor, global) and each broken symmetry (bq, bqv), Delta = broken - symmetric, paired
 by seed (0, 1, 2). "Breaking helps ECD at this scale" holds for that pair iff Delta < 0 in every
 seed and the mean Delta < -0.1. Reported whatever they show: the mean, the per-seed values and a
 95% t-interval (2 degrees of freedom). AdamW's Delta is reported the same way, as the control."""
+"""The pre-registered decision rule of the preset ``paper``, as text (fixed before any GPU
+result). It says:
+
+- Statistic: for each run, the mean validation loss of its last 5 evaluations.
+- For each ECD arm (per-tensor, global) and each broken symmetry (bq, bqv): Delta = broken -
+  symmetric, paired by seed (0, 1, 2).
+- "Breaking helps ECD at this scale" holds for that pair iff Delta < 0 in every seed and the
+  mean Delta < -0.1.
+- Reported whatever they show: the mean, the per-seed values and a 95% t-interval (2 degrees of
+  freedom). AdamW's Delta is reported the same way, as the control.
+
+:func:`gaugebook.results.decide` applies it.
+
+:meta hide-value:
+"""
 
 
 def _paper_parts(base: dict, by_arm: bool = False) -> dict[str, list[RunConfig]]:

@@ -160,6 +160,8 @@ class QKTransform(_FactorPair):
 
     @classmethod
     def algebra(cls, m):
+        r"""The commutant of RoPE's rotations in :math:`\mathfrak{gl}(d_\text{head})`
+        (:func:`qk_algebra`), ``[k, d_head, d_head]``."""
         return qk_algebra(m)
 
 
@@ -174,6 +176,8 @@ class VOTransform(_FactorPair):
 
     @classmethod
     def algebra(cls, m):
+        r"""All of :math:`\mathfrak{gl}(d_\text{value})` (:func:`~gaugebook.lie.gl_basis`),
+        ``[d_value^2, d_value, d_value]``."""
         return gl_basis(m.d_value)
 
 
@@ -193,6 +197,8 @@ class HeadPermutation(PermutationFactor):
         return groups[:, 0]
 
     def check(self, m):
+        """ValueError unless ``perm`` is one permutation of the module's ``n_heads`` heads that
+        moves whole key/value groups."""
         if self.perm.ndim != 1:
             raise ValueError(f"HeadPermutation.perm must be one permutation [n_heads], got shape "
                              f"{tuple(self.perm.shape)}")
@@ -200,6 +206,8 @@ class HeadPermutation(PermutationFactor):
         self.kv_permutation(m.group_size)
 
     def transform(self, params, m):
+        """Query head ``i`` of ``W_Q, b_Q, W_O`` (and the gate ``W_GQ``) becomes head ``perm[i]``;
+        ``W_K, b_K, W_V, b_V`` (and ``W_GK``) follow the induced permutation of key/value heads."""
         device = params["W_Q"].device
         heads, kv = self.perm.to(device), self.kv_permutation(m.group_size).to(device)
         out = {}
@@ -248,6 +256,7 @@ class KeyBiasShift(_GroupShift):
     width: ClassVar = "d_head"
 
     def transform(self, params, m):
+        r""":math:`b_K \to b_K + t`, ``t [n_kv, d_head]``."""
         return dict(b_K=params["b_K"] + self.t.to(params["b_K"].device))
 
     @classmethod
@@ -268,12 +277,15 @@ class ValueBiasShift(_GroupShift):
     width: ClassVar = "d_value"
 
     def transform(self, params, m):
+        r""":math:`b_V \to b_V + t`, :math:`b_O \to b_O - \sum_h t_{g(h)} W_O^{(h)}`,
+        ``t [n_kv, d_value]``."""
         t = self.t.to(params["b_V"].device)  # (Hkv, dv)
         shift = torch.einsum("he,...hed->...d", _per_group(t, m), params["W_O"])
         return dict(b_V=params["b_V"] + t, b_O=params["b_O"] - shift)
 
     @classmethod
     def free(cls, m):
+        """Every value coordinate (none without biases)."""
         return range(m.d_value if m.has_bias else 0)
 
 
@@ -296,7 +308,11 @@ def grouped_weights(m: MultiHeadAttention) -> dict[str, torch.Tensor]:
 
 
 ATTENTION_ALGEBRA = (QKTransform, VOTransform, KeyBiasShift, ValueBiasShift)
-"""The continuous factors of one attention layer, in the column order of orbit tangents."""
+"""The continuous factors of one attention layer, in the column order of orbit tangents
+(:class:`QKTransform`, :class:`VOTransform`, :class:`KeyBiasShift`, :class:`ValueBiasShift`).
+
+:meta hide-value:
+"""
 
 
 def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]:

@@ -90,10 +90,13 @@ class LayerNormScale(ScalingFactor):
 
     @classmethod
     def shape(cls, block, which="ln_1"):
+        """``[D]``, the shape of the gain of ``which``."""
         _readers(block, which)
         return getattr(block, which).weight.shape
 
     def transform(self, params, block):
+        r""":math:`\gamma, \beta \to s \odot \gamma, s \odot \beta`; input feature :math:`i` of
+        every reader over :math:`s_i`."""
         s = self.s.to(params[f"{self.which}.weight"].device)
         out = {f"{self.which}.weight": params[f"{self.which}.weight"] * s}
         if f"{self.which}.bias" in params:
@@ -119,15 +122,19 @@ class LayerNormShift(TranslationFactor):
 
     @classmethod
     def shape(cls, block, which="ln_1"):
+        """``[D]``, the shape of the bias of ``which``."""
         _readers(block, which)
         return getattr(block, which).weight.shape
 
     def check(self, block):
+        """The shape check, and ValueError when the LayerNorm ``which`` has no bias."""
         super().check(block)
         if getattr(block, self.which).bias is None:
             raise ValueError(f"LayerNormShift needs {self.which} with a bias (bias=True)")
 
     def transform(self, params, block):
+        r""":math:`\beta \to \beta + \delta`, each reader's bias :math:`b \to b - \delta W`; a
+        gate of gated RoPE (no bias) :math:`W_G \to W_G + (1/\gamma)\, u^\top` instead."""
         delta = self.delta.to(params[f"{self.which}.bias"].device)
         beta = params[f"{self.which}.bias"] + delta  # [..., D]
         inv_gamma = 1 / params[f"{self.which}.weight"]  # [..., D]
@@ -145,6 +152,8 @@ class LayerNormShift(TranslationFactor):
 
     @classmethod
     def lie_basis(cls, block, which="ln_1"):
+        """Every coordinate of ``delta``, ``[D, D]``; none, ``[0, D]``, when the LayerNorm has no
+        bias."""
         shape = cls.shape(block, which)  # validates which
         if getattr(block, which).bias is None:
             return torch.zeros(0, shape.numel(), dtype=DTYPE)
@@ -164,9 +173,13 @@ class ReaderCentring(TranslationFactor):
 
     @classmethod
     def shape(cls, block, which="ln_1"):
+        """``[columns]``: one entry per output column of every reader that can take the
+        centring."""
         return (sum(_reader_columns(block, _centring_readers(block, which))),)
 
     def transform(self, params, block):
+        r"""Column :math:`j` of each reader plus :math:`u_j / \gamma` and, where the reader and
+        the LayerNorm have biases, its bias minus :math:`(\beta \cdot 1/\gamma)\, u_j`."""
         gamma = params[f"{self.which}.weight"]
         beta = params.get(f"{self.which}.bias")
         if beta is not None:  # y . (1/gamma) = beta . (1/gamma), [..., 1]
@@ -215,9 +228,14 @@ class ResidualCentring(TranslationFactor):
 
     @classmethod
     def shape(cls, block):
+        """``[H d_v + 4D + 2b]``: one entry per row of ``W_O``, per column of the MLP's
+        ``c_proj.weight`` and per output bias (``b = 1`` with biases)."""
         return (sum(_writer_sizes(block)),)
 
     def transform(self, params, block):
+        r"""Row :math:`(h, e)` of ``W_O`` plus :math:`c_{he} \mathbf{1}`, column :math:`j` of
+        ``c_proj.weight`` plus :math:`c_j \mathbf{1}`, each output bias plus a multiple of
+        :math:`\mathbf{1}`."""
         parts = self.c.to(params["attn.W_O"].device).split(_writer_sizes(block))
         out = {}
         for (name, kind), c in zip(_writers(block), parts):
@@ -240,15 +258,19 @@ class HiddenRescaling(ScalingFactor):
 
     @classmethod
     def shape(cls, mlp):
+        """``[4D]`` for a PReLU MLP, ``[0]`` otherwise."""
         return (mlp.c_fc.weight.shape[0] if isinstance(mlp.act, PReLU) else 0,)
 
     def check(self, mlp):
+        """ValueError unless the MLP uses PReLU; then the shape check."""
         if not isinstance(mlp.act, PReLU):
             raise ValueError("rescaling hidden units is a symmetry of a PReLU MLP only, this MLP "
                              f"uses {type(mlp.act).__name__}")
         super().check(mlp)
 
     def transform(self, params, mlp):
+        r"""Row :math:`j` of ``c_fc.weight`` and ``c_fc.bias[j]`` times :math:`s_j`, column
+        :math:`j` of ``c_proj.weight`` over :math:`s_j`."""
         s = self.s.to(params["c_fc.weight"].device)
         out = {"c_fc.weight": params["c_fc.weight"] * s[:, None],
                "c_proj.weight": params["c_proj.weight"] / s}
@@ -267,9 +289,12 @@ class HiddenPermutation(PermutationFactor):
 
     @classmethod
     def shape(cls, mlp):
+        """``[4D]``, one entry per hidden unit."""
         return (mlp.c_fc.weight.shape[0],)
 
     def transform(self, params, mlp):
+        """Rows of ``c_fc.weight``, entries of ``c_fc.bias`` and of the PReLU slopes
+        (``act.weight``), and columns of ``c_proj.weight``, in the order ``perm``."""
         perm = self.perm.to(params["c_fc.weight"].device)
         out = {"c_fc.weight": params["c_fc.weight"].index_select(-2, perm),
                "c_proj.weight": params["c_proj.weight"].index_select(-1, perm)}
@@ -312,6 +337,7 @@ class ResidualPermutation(_PerResidualFeature, PermutationFactor):
     perm: torch.Tensor  # [D]
 
     def transform(self, params, model):
+        """Every tensor's residual-feature axis (:func:`residual_axes`) in the order ``perm``."""
         perm = self.perm.to(params["wte.weight"].device)
         return {name: params[name].index_select(axis, perm)
                 for name, axis in residual_axes(model).items() if name in params}
@@ -331,6 +357,8 @@ class PositionCentring(TranslationFactor):
         return (model.config.block_size if model.wpe is not None else 0,)
 
     def transform(self, params, model):
+        r""":math:`W_\text{pos}[t] \to W_\text{pos}[t] + c_t \mathbf{1}`; nothing with RoPE (no
+        ``wpe``)."""
         if "wpe.weight" not in params:  # RoPE: c has shape [0], nothing moves
             return {}
         return {"wpe.weight": params["wpe.weight"] + self.c.to(params["wpe.weight"])[:, None]}
@@ -347,6 +375,7 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
     w: torch.Tensor  # [D]
 
     def check(self, model):
+        """The shape check, and with RoPE (no ``wpe``) ValueError unless ``w`` is constant."""
         super().check(model)
         w = self.w.double()
         if model.wpe is None and (w - w.mean()).abs().max() > 1e-9 * max(w.abs().max(), 1.0):
@@ -354,6 +383,7 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
                              "a constant vector: pass torch.full((n_embd,), c)")
 
     def transform(self, params, model):
+        r"""Every row of ``wte`` plus :math:`w`, every row of ``wpe`` (if any) minus :math:`w`."""
         w = self.w.to(params["wte.weight"])
         out = {"wte.weight": params["wte.weight"] + w}
         if "wpe.weight" in params:
@@ -398,9 +428,12 @@ class StreamScaling(ScalingFactor):
 
     @classmethod
     def shape(cls, model):
+        """``[1]``: one scale for the whole stream."""
         return (1,)
 
     def transform(self, params, model):
+        """``wte``, ``wpe`` and every block's ``W_O``, ``b_O``, ``c_proj`` weight and bias times
+        ``s``; ``ln_f``'s gain and bias over ``s``."""
         s = self.s.to(params["wte.weight"])
         out = {name: params[name] * s for name in _stream_writers(model)}
         out.update({name: params[name] / s for name in ("ln_f.weight", "ln_f.bias")

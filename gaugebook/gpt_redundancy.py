@@ -241,7 +241,11 @@ def _block_shape(block: Block) -> dict:
 
 
 COUNTED = (Block, GPT, LogProbabilities)
-"""The model types :func:`redundancy_count` covers."""
+"""The model types that :func:`redundancy_count` covers (:class:`~gaugebook.gpt.Block`,
+:class:`~gaugebook.gpt.GPT` and :class:`LogProbabilities`).
+
+:meta hide-value:
+"""
 
 
 def redundancy_count(model: Block | GPT | LogProbabilities) -> int:

@@ -12,7 +12,7 @@ every key is re-weighted by the same factor ``exp(c . k_s / sqrt(d_k))`` in ever
 (:func:`reweight`). Adding a constant to all log-factors changes nothing, so only differences
 between keys matter; :func:`log_factors` centres them.
 
-**Which ``c``.** In a pre-LN GPT-2 block the query of a token is ``(gamma * xhat) W_Q + c`` with
+**Which c.** In a pre-LN GPT-2 block the query of a token is ``(gamma * xhat) W_Q + c`` with
 the token-independent offset (:func:`query_offset`)
 
 .. math::  c = \beta W_Q + b_Q + \mathbb E[b_Q^{\text{unlearned}}],

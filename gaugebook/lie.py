@@ -236,6 +236,8 @@ class MatrixFactor(ContinuousFactor):
 
     @classmethod
     def exp(cls, X, *, target="", **options):
+        r"""The matrix exponential :math:`\exp(X)` of each ``X [n, d, d]`` (unchecked,
+        differentiable)."""
         return cls.unchecked(torch.linalg.matrix_exp(X), target=target, **options)
 
     @classmethod
@@ -292,6 +294,7 @@ class ScalingFactor(ContinuousFactor):
 
     @classmethod
     def exp(cls, X, *, target="", **options):
+        r""":math:`e^X`, entry by entry (unchecked, differentiable)."""
         return cls.unchecked(torch.exp(X), target=target, **options)
 
 

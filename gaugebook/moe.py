@@ -244,9 +244,12 @@ class ExpertPermutation(PermutationFactor):
 
     @classmethod
     def shape(cls, moe):
+        """``[n_experts]``."""
         return (moe.n_experts,)
 
     def transform(self, params, moe):
+        """Columns of ``W_r`` and entries of ``b_r`` in the order ``perm``, and each expert's
+        ``W_in, b_in, W_out, b_out`` with them."""
         perm = self.perm.to(params["W_r"].device)
         out = {"W_r": params["W_r"].index_select(-1, perm)}
         for name in ("b_r", "W_in", "b_in", "W_out", "b_out"):
@@ -269,9 +272,12 @@ class RouterShift(TranslationFactor):
 
     @classmethod
     def shape(cls, moe):
+        """``[D + 1]`` with a router bias, ``[D]`` without."""
         return (moe.d_model + int(moe.has_router_bias),)
 
     def transform(self, params, moe):
+        r"""``shift = [c, s]``: :math:`W_r \to W_r + c \mathbf{1}^\top`, every entry of :math:`b_r`
+        plus :math:`s`."""
         shift = self.shift.to(params["W_r"].device)
         out = {"W_r": params["W_r"] + shift[:moe.d_model, None]}
         if moe.has_router_bias:
@@ -291,15 +297,19 @@ class ExpertRescaling(ScalingFactor):
 
     @classmethod
     def shape(cls, moe):
+        """``[n_experts, d_hidden]`` for ReLU experts, ``[n_experts, 0]`` otherwise."""
         return (moe.n_experts, moe.d_hidden if moe.activation == "relu" else 0)
 
     def check(self, moe):
+        """ValueError unless the experts use ReLU; then the shape check."""
         if moe.activation != "relu":
             raise ValueError(f"rescaling hidden units is a symmetry of ReLU experts only, "
                              f"this MoE uses {moe.activation!r}")
         super().check(moe)
 
     def transform(self, params, moe):
+        r"""Column :math:`j` of expert :math:`e`'s ``W_in`` and ``b_in[e, j]`` times
+        :math:`a_{ej}`, row :math:`j` of its ``W_out`` over :math:`a_{ej}`."""
         a = self.a.to(params["W_in"].device)
         return {"W_in": params["W_in"] * a[:, None, :], "b_in": params["b_in"] * a,
                 "W_out": params["W_out"] / a[:, :, None]}
@@ -315,9 +325,12 @@ class ExpertHiddenPermutation(PermutationFactor):
 
     @classmethod
     def shape(cls, moe):
+        """``[n_experts, d_hidden]``: one permutation per expert."""
         return (moe.n_experts, moe.d_hidden)
 
     def transform(self, params, moe):
+        """Per expert ``e``: columns of ``W_in``, entries of ``b_in`` and rows of ``W_out`` in the
+        order ``perm[e]``."""
         perm = self.perm.to(params["W_in"].device)  # (E, Dh)
         W_in = params["W_in"]  # (..., E, D, Dh)
         index = perm[:, None, :].expand(W_in.shape[-3:])

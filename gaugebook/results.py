@@ -610,8 +610,12 @@ def provenance_summary(runs: list[Run]) -> dict[str, list]:
 
 
 _MATH = re.compile(r"\$([^$]+)\$")  # an inline TeX span, $...$
-#: The book's TeX macros, as its pages define them for MathJax (``_config.yml``,
-#: ``mathjax3_config``): :func:`with_math` expands them.
+#: The book's TeX macros, ``{name: expansion}``, as its pages define them for MathJax
+#: (``_config.yml``, ``mathjax3_config``): ``\GL``, ``\O`` and ``\SO`` (upright), ``\R``
+#: (blackboard bold), ``\tr``, ``\rank``, ``\softmax`` and ``\Attn`` (operator names).
+#: :func:`with_math` expands them.
+#:
+#: :meta hide-value:
 TEX_MACROS = {"GL": r"\mathrm{GL}", "O": r"\mathrm{O}", "SO": r"\mathrm{SO}", "R": r"\mathbb{R}",
               "tr": r"\operatorname{tr}", "rank": r"\operatorname{rank}",
               "softmax": r"\operatorname{softmax}", "Attn": r"\operatorname{Attn}"}

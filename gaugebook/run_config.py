@@ -67,7 +67,31 @@ class RunConfig:
     again (its recorded ``wall_s`` still adds up every call); the run is then evaluated at its
     last step and recorded ``truncated``. ``compile`` compiles the model with ``torch.compile``
     and lets ECD take its fused Triton kernels on CUDA (:mod:`gaugebook.ecd_kernels`); without
-    it ECD's device step is PyTorch's operators."""
+    it ECD's device step is PyTorch's operators.
+
+    Attributes:
+        optimizer: ``"ecd"``, ``"adamw"``, ``"sgdm"``, ``"muon"`` or ``"soap"``
+            (:func:`gaugebook.optim.make_optimizer`).
+        symmetry: ``"symmetric"``, ``"bq"`` (an unlearned query bias) or ``"bqv"`` (unlearned
+            query and value biases).
+        activation: the MLP's, ``"prelu"`` or ``"gelu"``.
+        seed: an integer >= 0 that fixes the model's initialisation, the draws of the unlearned
+            biases, the training and validation data, ECD's chaos and SGDM's initial velocity.
+        batch_size: sequences per optimizer step, each of ``block_size`` tokens (so
+            ``batch_size * block_size`` tokens per step); under DDP split across the ranks.
+        steps: optimizer steps, one batch each.
+        mu_v: the mean of the unlearned value bias; nonzero only with ``symmetry="bqv"``.
+        eval_every: steps between evaluations (validation loss, Noether charges, path length,
+            distance from the initial weights); the last step is always evaluated.
+        eval_batches: held-out batches of ``batch_size`` sequences whose mean loss is the
+            validation loss, the same batches at every evaluation; the first
+            ``min(eval_batches, 4)`` also give the end-of-run alignment scores.
+        probe_instances: instances per logic-puzzle task (14 tasks), scored once after training
+            (:func:`gaugebook.data.evaluate_probes`).
+        checkpoint_every: steps between checkpoints (none at the last step).
+        autocast_bf16: whether the training steps and the validation loss run under
+            ``torch.autocast`` in bfloat16.
+    """
 
     optimizer: str
     symmetry: str = "symmetric"

@@ -412,6 +412,7 @@ class DefaultCorpus:
 
     @property
     def vocab_size(self) -> int:
+        """The tokenizer's vocabulary size."""
         return self.tokenizer.vocab_size
 
     def rows(self, n: int, length: int, *, index: int = 0, split: str = "train",

@@ -71,9 +71,11 @@ class CharTokenizer(Tokenizer):
         self.index = {c: i for i, c in enumerate(self.chars)}
 
     def split(self, text: str) -> list[str]:
+        """One symbol per character."""
         return list(text)
 
     def unknown(self, symbols: list[str]) -> str:
+        """The error message, naming up to 10 unknown characters."""
         return f"characters not in the vocabulary: {symbols[:10]}"
 
 

@@ -107,9 +107,11 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of symbols."""
         return len(self.symbols)
 
     def split(self, text: str) -> list[str]:  # pragma: no cover - abstract
+        """``text`` as a list of symbols (each subclass says how)."""
         raise NotImplementedError
 
     def unknown(self, symbols: list[str]) -> str:
@@ -125,6 +127,8 @@ class Tokenizer:
         return [self.index[x] for x in symbols]
 
     def decode(self, ids) -> str:
+        """The symbols of ``ids`` joined by ``separator``; ValueError for an id outside
+        ``[0, vocab_size)``."""
         ids = _checked_ids(ids, self.vocab_size)
         return self.separator.join(self.symbols[i] for i in ids)
 
@@ -241,9 +245,11 @@ class WordTokenizer(Tokenizer):
     separator = " "
 
     def split(self, text: str) -> list[str]:
+        """The words of ``text``, split at whitespace."""
         return text.split()
 
     def unknown(self, symbols: list[str]) -> str:
+        """The error message: how many words are unknown, and up to 5 of them."""
         return f"{len(symbols)} words are not in the vocabulary, e.g. {symbols[:5]}"
 
 
