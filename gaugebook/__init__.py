@@ -50,4 +50,4 @@ Book helpers:
 * :mod:`~gaugebook.notebook`: helpers for the notebooks (Colab and plain Jupyter too)
 * :mod:`~gaugebook.checks`: validation of scalar settings, one wording for every module
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
