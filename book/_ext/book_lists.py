@@ -85,10 +85,14 @@ def _figure(node, numbers):
 
 
 def _rebase(title, page: str) -> None:
-    """Point the same-page links (``#id``) of ``title``, copied from chapter ``page``, into
-    that chapter: on the page of lists they would name anchors it does not have."""
+    """Point the same-page links of ``title`` (``refid``, or a ``refuri`` of ``#id``), copied
+    from chapter ``page``, into that chapter: on the page of lists they would name anchors it
+    does not have."""
     for ref in title.findall(nodes.reference):
-        if ref.get("refuri", "").startswith("#"):
+        if "refid" in ref:
+            ref["refuri"] = f"{page}#{ref['refid']}"
+            del ref["refid"]
+        elif ref.get("refuri", "").startswith("#"):
             ref["refuri"] = page + ref["refuri"]
 
 
