@@ -103,18 +103,10 @@ arm (per-tensor, global) and each broken symmetry (bq, bqv), Delta = broken - sy
 by seed (0, 1, 2). "Breaking helps ECD at this scale" holds for that pair iff Delta < 0 in every
 seed and the mean Delta < -0.1. Reported whatever they show: the mean, the per-seed values and a
 95% t-interval (2 degrees of freedom). AdamW's Delta is reported the same way, as the control."""
-"""The pre-registered decision rule of the preset ``paper``, as text (fixed before any GPU
-result). It says:
-
-- Statistic: for each run, the mean validation loss of its last 5 evaluations.
-- For each ECD arm (per-tensor, global) and each broken symmetry (bq, bqv): Delta = broken -
-  symmetric, paired by seed (0, 1, 2).
-- "Breaking helps ECD at this scale" holds for that pair iff Delta < 0 in every seed and the
-  mean Delta < -0.1.
-- Reported whatever they show: the mean, the per-seed values and a 95% t-interval (2 degrees of
-  freedom). AdamW's Delta is reported the same way, as the control.
-
-:func:`gaugebook.results.decide` applies it.
+"""The pre-registered decision rule of the preset ``paper`` as plain text, committed before any
+GPU result: the statistic, the Delta paired by seed, and the threshold at which breaking helps
+ECD. :func:`gaugebook.results.decide` applies it; chapter 17 prints it and
+``results/README.md`` records it.
 
 :meta hide-value:
 """
