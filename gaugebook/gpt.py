@@ -69,6 +69,18 @@ class GPTConfig:
     ``1e-5``; ``0`` makes the residual-stream scaling of
     :class:`~gaugebook.gpt_gauge.StreamScaling` exact). Frozen: a changed copy is
     ``dataclasses.replace(config, ...)``, validated again.
+
+    Attributes:
+        vocab_size: the token ids ``0 .. vocab_size - 1``; the output layer is the token
+            embedding (tied).
+        block_size: the longest sequence; without RoPE, the rows of the position embedding.
+        n_layer: the number of blocks.
+        n_head: query heads per attention layer, each of width ``n_embd // n_head``.
+        n_embd: the width ``D`` of the residual stream.
+        bias: biases in every linear layer but the output layer, and in every LayerNorm.
+        activation: the MLP's, ``"gelu"`` or ``"prelu"``.
+        rope: ``False`` (learned positions), ``True`` (rotary) or ``"gated"`` (rotary with
+            content gates on queries and keys).
     """
 
     vocab_size: int
