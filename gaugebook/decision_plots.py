@@ -392,7 +392,8 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     symmetric statistic of each other arm (each arm in its own line style in every panel), so
     that the gap between optimizers at their best reads off the panel. Each symmetry is
     drawn at 0.9, 1 or 1.1 times the rate (in :data:`SYMMETRY_COLOR`'s order), so that equal
-    statistics stay visible side by side. The value axis spans ``span`` above the best
+    statistics stay visible side by side; the middle one, which its neighbours would hide,
+    has a larger hollow marker drawn on top. The value axis spans ``span`` above the best
     statistic; a setting beyond it (one that trained badly or diverged) is an upward arrow on
     the upper edge, in its symmetry's colour, and the line breaks there. One legend below the
     panels. Returns the figure."""
@@ -416,8 +417,9 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
                 continue
             rates, values = np.array(points).T
             beyond = values > top
+            middle = dict(ms=11, mfc="none", mew=1.8, zorder=5) if nudge == 1.0 else {}
             ax.plot(rates * nudge, np.where(beyond, np.nan, values), "-",
-                    marker=SYMMETRY_MARKER[symmetry], color=colour, label=symmetry)
+                    marker=SYMMETRY_MARKER[symmetry], color=colour, label=symmetry, **middle)
             if beyond.any():
                 ax.plot(rates[beyond] * nudge, np.full(beyond.sum(), top), ls="none",
                         marker=r"$\uparrow$", color=colour, ms=11, clip_on=False)

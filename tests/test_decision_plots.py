@@ -292,6 +292,9 @@ def test_sweep_statistics_key_runs_by_arm_rate_and_symmetry_and_panels_draw_the_
                                                     [pytest.approx(0.9e-2), 2.5]]
     assert adamw.lines[1].get_xdata().tolist() == [pytest.approx(1.1e-3),
                                                    pytest.approx(1.1e-2)]
+    middle = sweep_panels({**stats, ("adamw", 1e-3, "bq"): 3.0}).axes[0].lines[1]
+    assert middle.get_label() == "bq" and middle.get_xdata()[0] == pytest.approx(1e-3)
+    assert middle.get_markerfacecolor() == "none" and middle.get_zorder() > 2  # on top
     assert adamw.lines[-1].get_ydata()[0] == 2.8  # the other arm's best, dashed
     assert ecd.lines[-1].get_ydata()[0] == 2.5
     clipped = sweep_panels(stats, span=0.3).axes[0]  # 3.0 and 3.1 lie above 2.5 + 0.3
