@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gaugebook.results import read_run
 from gaugebook.run_config import RunConfig, override
 from gaugebook.run_files import (RunFileConflict, existing_results, provenance, run_locks,
                                  write_json_atomic)
@@ -242,19 +242,18 @@ def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
         for cfg in (c for runs in table.values() for c in runs):
             path = Path(folder) / f"{cfg.name}.json"
             if path.exists():
-                results[cfg.name] = json.loads(path.read_text())
+                results[cfg.name] = read_run(path)
     missing, per_part = [], []
     for part, runs in table.items():
         complete = True
         for cfg in runs:
-            result = results.get(cfg.name)
-            complete = (complete and result is not None
-                        and result["steps_done"] >= result["config"]["steps"])
-            if result and result["steps_done"] > 0:
+            run = results.get(cfg.name)
+            complete = complete and run is not None and run.complete
+            if run and run["steps_done"] > 0:
                 # older files (results/gpu/seed0) lack "trained_with": one part at once
-                cohort = result.get("trained_with") or [cfg.name]
+                cohort = run.data.get("trained_with") or [cfg.name]
                 parts_at_once = len({part_of.get(n, part) for n in cohort})
-                full = result["wall_s"] * result["config"]["steps"] / result["steps_done"]
+                full = run["wall_s"] * run["config"]["steps"] / run["steps_done"]
                 per_part.append(full / parts_at_once)
         if not complete:
             missing.append(part)

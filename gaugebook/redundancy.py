@@ -41,7 +41,17 @@ __all__ = ["Redundancy", "redundancy", "predicted_redundancy", "jacobian", "Flat
 
 @dataclass(frozen=True)
 class Redundancy:
-    """Result of :func:`redundancy`; ``dimension = n_params - rank``."""
+    """Result of :func:`redundancy`.
+
+    Attributes:
+        n_params: the number of trainable parameters, the columns of the Jacobian ``J``.
+        rank: the numerical rank of ``J`` (:func:`gaugebook.linalg.numerical_rank`).
+        dimension: ``n_params - rank``, the number of redundant directions.
+        singular_values: those of ``J``, descending, float64.
+        tolerance: the largest singular value counted as zero.
+        gap: ``s_rank / s_{rank+1}``, the last kept over the first dropped singular value
+            (infinite when none is dropped); near 1, the count is not trustworthy.
+    """
 
     n_params: int
     rank: int

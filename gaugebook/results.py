@@ -27,7 +27,7 @@ import numpy as np
 from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_difference,
                              t_interval)
 
-__all__ = ["find_results", "arm_of", "Run", "load_runs", "select", "common_steps", "values_at",
+__all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps", "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
            "Table", "effects_table",
            "final_statistic", "statistic_gap", "Decision", "pairs_by_seed", "partner_pairs",
@@ -85,11 +85,22 @@ def arm_of(optimizer: str, tag: str = "") -> str:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run as :func:`gaugebook.training.train` recorded it.
+    """One training run as :func:`gaugebook.training.train` recorded it; made by
+    :meth:`from_dict`, :func:`read_run` or :func:`load_runs`.
 
-    ``history`` maps ``"step"``, ``"train_loss"``, ``"val_loss"``, ``"J_QK"``, ``"J_VO"`` and
-    ``"wall_s"`` to equally long lists (one entry per evaluation); ``data`` is the whole JSON
-    record (probes, memory, provenance, ...).
+    Attributes:
+        name: the run's name, unique in its grid (``"ecd-bqv-prelu-s0"``).
+        optimizer: a key of ``gaugebook.optim.OPTIMIZERS``; with ``tag``, :attr:`arm`.
+        symmetry: ``"symmetric"`` or the breaking, ``"bq"`` or ``"bqv"``.
+        activation: the MLP's, ``"gelu"`` or ``"prelu"``.
+        seed: the run's :attr:`~gaugebook.run_config.RunConfig.seed`.
+        history: ``"step"``, ``"train_loss"``, ``"val_loss"``, ``"J_QK"``, ``"J_VO"`` and
+            ``"wall_s"`` (newer files also ``"path_length"``, ``"distance"``,
+            ``"skipped_steps"``), each mapped to a list with one entry per evaluation.
+        data: the whole JSON record (config, probes, memory, provenance, ...); ``run[key]``
+            reads it.
+        path: the file the record was read from (``None`` for one made in memory).
+        tag: the run's variant label (``"pt"``, ``"global"``, ``"lr=0.001"``), or ``""``.
     """
 
     name: str
@@ -141,6 +152,12 @@ class Run:
         return self.data[key]
 
     @property
+    def complete(self) -> bool:
+        """Whether the run trained every step its config asked for (``steps_done >= steps``;
+        a run cut by its wall-clock budget is not)."""
+        return self.data["steps_done"] >= self.data["config"]["steps"]
+
+    @property
     def steps(self) -> list[int]:
         """The steps at which the history was recorded."""
         return list(self.history["step"])
@@ -174,6 +191,17 @@ class Run:
         return np.asarray(self.history["step"]), self._column(key)
 
 
+def read_run(path: str | Path) -> Run:
+    """The run result in the file ``path``; ValueError naming the file when it is not valid
+    JSON or not a result record (:meth:`Run.from_dict`)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    return Run.from_dict(data, path)
+
+
 def load_runs(folder: str | Path) -> list[Run]:
     """Every run result ``<folder>/*.json``, sorted by name.
 
@@ -189,13 +217,7 @@ def load_runs(folder: str | Path) -> list[Run]:
     paths = sorted(folder.glob("*.json"))
     if not paths:
         raise ValueError(f"{folder} holds no result files (*.json)")
-    runs = []
-    for path in paths:
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
-        runs.append(Run.from_dict(data, path))
+    runs = [read_run(path) for path in paths]
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"{folder} holds two results with the same run name")

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gaugebook.results import Run
+from gaugebook.results import read_run
 from gaugebook.run_config import EXECUTION_FIELDS, RunConfig
 
 __all__ = ["RunFileConflict", "provenance", "write_json_atomic", "save_atomic", "set_aside",
@@ -198,11 +198,9 @@ def existing_results(cfgs: list[RunConfig], out: Path) -> dict[str, dict]:
         path = out / f"{cfg.name}.json"
         if path.exists():
             try:
-                result = json.loads(path.read_text())
-                Run.from_dict(result, path)  # the schema's checks: not a result record
-            except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError,
-                    KeyError, AttributeError) as error:
-                set_aside(path, error)
+                result = read_run(path).data
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                set_aside(path, error)  # not JSON, or not a result record
                 continue
             check_same_config(cfg, result["config"], path)
             budget = result["config"].get("max_wall_s")

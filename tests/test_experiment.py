@@ -12,6 +12,7 @@ import torch
 
 from gaugebook.experiment import (RunConfig, main, override, presets, select_runs, train,
                                   write_json_atomic)
+from gaugebook.results import HISTORY_KEYS
 from gaugebook.step_graph import CapturedStep
 from gaugebook.training import check_runs
 
@@ -356,11 +357,14 @@ def test_several_parts_are_trained_as_one_cohort_per_arm():
 
 
 def _record(folder: Path, cfg: RunConfig, wall_s: float, steps_done: int, trained_with):
-    """A result file with the fields plan_parts reads."""
+    """A result file (schema-valid, with an empty history) whose timing plan_parts reads."""
+    history = {key: [] for key in HISTORY_KEYS}
     write_json_atomic(folder / f"{cfg.name}.json",
                       {"name": cfg.name, "config": dataclasses.asdict(cfg), "wall_s": wall_s,
                        "steps_done": steps_done, "truncated": steps_done < cfg.steps,
-                       "trained_with": trained_with})
+                       "trained_with": trained_with, "history": history,
+                       "final_val_loss": None, "probes": {}, "optimizer_state_bytes": 0,
+                       "n_params": 0, "tokens": 0, "tokens_per_s": 0.0, "provenance": {}})
 
 
 def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
@@ -394,6 +398,9 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
     _record(later, first[1], 400.0, first[1].steps // 2, names)
     assert plan_parts("paper", [tmp_path, later], 440) == ["seed0-pt"]
     assert plan_parts("paper", [tmp_path, later], 440, at_least_one=False) == []  # 800 s
+    (later / f"{first[1].name}.json").write_text("{")  # not a result: refused, named
+    with pytest.raises(ValueError, match=f"{first[1].name}.json is not valid JSON"):
+        plan_parts("paper", [tmp_path, later], 440)
 
 
 def test_plan_parts_reads_the_recorded_files_that_predate_optional_keys():

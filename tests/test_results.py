@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from gaugebook.experiment import RunConfig, train
-from gaugebook.results import TEX_MACROS, Run, Table, breaking_effects, common_steps, \
-    effects_table, find_results, gain_rule, load_runs, provenance_summary, seed_summary, select, \
-    values_at
+from gaugebook.results import (TEX_MACROS, Run, Table, breaking_effects, common_steps,
+                               effects_table, find_results, gain_rule, load_runs,
+                               provenance_summary, read_run, seed_summary, select, values_at)
 from gaugebook.stats import Correlation
 
 
@@ -152,6 +152,20 @@ def test_load_errors(tmp_path):
         (folder / "run.json").write_bytes(content)
         with pytest.raises(ValueError, match=f"{folder / 'run.json'}"):
             load_runs(folder)
+
+
+def test_read_run_and_complete(tmp_path):
+    """A run is complete when it trained every step its config asked for."""
+    data = record("ecd", "bqv", [100, 200])
+    data["config"]["steps"] = 300
+    path = write(tmp_path, data) / f"{data['name']}.json"
+    run = read_run(path)
+    assert run.path == path and run.name == data["name"] and not run.complete
+    data["steps_done"] = 300
+    assert read_run(write(tmp_path, data) / path.name).complete
+    path.write_text("[1,")
+    with pytest.raises(ValueError, match=f"{path} is not valid JSON"):
+        read_run(path)
 
 
 def test_table_html_escapes_and_formats():
