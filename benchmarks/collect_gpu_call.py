@@ -13,9 +13,10 @@
 2. copies the logs (``paper.log`` with one progress line per 1,000 steps, ``grid.log``,
    ``gpu_tests.txt``, ``gpu_utilisation.csv``, ...) into a new ``results/gpu/logs-<date>/``
    (``logs-<date>b``, ``c``, ... when that exists);
-3. copies the grid benchmark into ``benchmarks/results/``: ``grid_h200.json`` (complete) under
-   that name when none is recorded yet, otherwise, like a cut one (``grid_h200_partial.json``)
-   and the optimizer-step stage, under a name dated like the logs' folder; it never overwrites;
+3. copies the grid benchmark, named after the chip, into ``benchmarks/results/``:
+   ``grid_h200.json`` (complete) under that name when none is recorded yet, otherwise, like a
+   cut one (``grid_h200_partial.json``) and the optimizer-step stage (``grid_h200_steps.json``),
+   under a name dated like the logs' folder; it never overwrites;
 4. prints what ``results/gpu/paper`` now holds and the pre-registered rule on its complete arms.
 
 It writes nothing else (the READMEs and the changelog are for the person who ran the call).
@@ -115,23 +116,26 @@ def new_folder(parent: Path, stem: str) -> Path:
     raise FileExistsError(f"{parent}/{stem}*: no free name")
 
 
+BENCHMARK = re.compile(r"grid_([a-z0-9]+)(_partial|_steps)?\.json")  # grid_<chip>[_stage].json
+
+
 def benchmark_targets(files_at: Path, bench: Path, tag: str) -> dict[Path, Path]:
     """``{file of the call: where it goes}`` for the grid benchmark's files. gpu_session.sh
-    names a complete benchmark ``grid_h200.json`` and a cut one ``grid_h200_partial.json``; a
+    names them after the chip (``h100``, ``h200``): a complete benchmark ``grid_h200.json``, a
+    cut one ``grid_h200_partial.json``, the optimizer steps ``grid_h200_steps.json``; a
     complete one becomes ``benchmarks/results/grid_h200.json`` unless one is recorded, and every
     other file a name with the call's ``tag`` (its date, and b, c, ... for later calls that
     day). FileExistsError, before anything is written, when a target exists."""
     targets = {}
-    for name, stem in (("grid_h200.json", "grid_h200"),
-                       ("grid_h200_partial.json", "grid_h200_partial"),
-                       ("grid_steps.json", "grid_h200_steps")):
-        if (files_at / name).is_file():
-            target = bench / f"{stem}_{tag}.json"
-            if name == "grid_h200.json" and not (bench / name).exists():
-                target = bench / name
-            if target.exists():
-                raise FileExistsError(f"{target} exists: move it or pass another --date")
-            targets[files_at / name] = target
+    for source in sorted(files_at.glob("grid_*.json")):
+        if not BENCHMARK.fullmatch(source.name):
+            continue
+        target = bench / f"{source.stem}_{tag}.json"
+        if not BENCHMARK.fullmatch(source.name).group(2) and not (bench / source.name).exists():
+            target = bench / source.name
+        if target.exists():
+            raise FileExistsError(f"{target} exists: move it or pass another --date")
+        targets[source] = target
     return targets
 
 

@@ -18,12 +18,13 @@
 #   (LR=1) the AdamW learning-rate sweep of preset `paper-lr`, 2,000 steps per run, eight runs
 #      concurrently                                                    paper_lr.tar, paper_lr.log
 #   2. benchmarks/bench_grid.py on the seed-0 parts (batched vs separate processes, ECD vs fused
-#      AdamW, bqv vs symmetric), only while benchmarks/results/grid_h200.json does not exist and
-#      at least 180 s are left (its limit is 170 s; BENCH=0 skips it; a benchmark cut short
-#      comes back as grid_h200_partial.json). A call after a full part has no such time: then
-#      PART= TESTS=0 bash benchmarks/gpu_session.sh runs the benchmark alone  grid_h200.json, grid.log
+#      AdamW, bqv vs symmetric), only while benchmarks/results/grid_$GPU.json does not exist ($GPU:
+#      the chip, h100 or h200, from nvidia-smi) and at least 180 s are left (its limit is 170 s;
+#      BENCH=0 skips it; a benchmark cut short comes back as grid_$GPU_partial.json). A call
+#      after a full part has no such time: then PART= TESTS=0 bash benchmarks/gpu_session.sh
+#      runs the benchmark alone                                      grid_$GPU.json, grid.log
 #   Before 1, while the benchmark is not recorded: the ECD and fused AdamW optimizer steps alone
-#      (bench_grid.py --steps-only, at most 30 s)                      grid_steps.json
+#      (bench_grid.py --steps-only, at most 30 s)                      grid_$GPU_steps.json
 #   Before 1, on CUDA: ECD's fused Triton kernels (which the compiled ways take) against its
 #      PyTorch operators (tests/test_ecd_kernels.py and tests/test_gpu.py -k fused_ecd, at
 #      most 90 s); if they fail, the compiled ways are dropped          gpu_tests.txt
@@ -42,11 +43,16 @@
 # /tmp/grid/paper-smoke are resumed if their settings match and refused if not, so remove them):
 #   rm -rf /tmp/grid/paper-smoke && DEVICE=cpu PRESET=paper-smoke bash benchmarks/gpu_session.sh
 set -u
-# The grid benchmark runs once, in the time the parts leave (a part's runs come first).
-if [ -f benchmarks/results/grid_h200.json ]; then BENCH=${BENCH:-0}; else BENCH=${BENCH:-1}; fi
 BUDGET=${BUDGET:-540}; T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 WALL=${WALL:-$(( BUDGET - 100 ))}; BENCH_PART=${BENCH_PART:-seed0-pt,seed0-global,seed0-adamw}
 PRESET=${PRESET:-paper}; DEVICE=${DEVICE:-cuda}; TESTS=${TESTS:-1}; LR=${LR:-0}
+GPU=cpu  # the chip in the benchmark files' names: "NVIDIA H100 80GB HBM3" gives h100
+if [ "$DEVICE" = cuda ]; then
+  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 \
+    | grep -o '[A-Za-z][0-9]\{2,4\}' | head -n 1 | tr 'A-Z' 'a-z'); GPU=${GPU:-gpu}
+fi
+# The grid benchmark runs once per chip, in the time the parts leave (a part's runs come first).
+if [ -f "benchmarks/results/grid_$GPU.json" ]; then BENCH=${BENCH:-0}; else BENCH=${BENCH:-1}; fi
 DATA_WORKERS=${DATA_WORKERS:-4}; OUT=${OUT:-/tmp/out}
 BENCH_STEPS=${BENCH_STEPS:-60}; CUDA_GRAPHS=${CUDA_GRAPHS:-1}
 [ "$DEVICE" = cuda ] || CUDA_GRAPHS=0  # CUDA graphs exist on CUDA only
@@ -69,7 +75,7 @@ if [ -z "${PART+set}" ]; then
 else
   AUTO=0
 fi
-echo "preset $PRESET part $PART device $DEVICE wall $WALL s"
+echo "preset $PRESET part $PART device $DEVICE ($GPU) wall $WALL s"
 if [ "$DEVICE" = cuda ]; then
   # the device, at the head of the log (at most 8 files come back)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/paper.log"
@@ -101,7 +107,7 @@ paper() {  # $1: seconds, in the first way of $WAYS; runs stopped by max_wall_s 
 failed() { ls "/tmp/grid/$PRESET"/*.error.json >/dev/null 2>&1; }
 if [ "$BENCH" = 1 ]; then  # the optimizer steps first (seconds): known even if the grid waits
   timeout 30 python3 benchmarks/bench_grid.py --device "$DEVICE" --preset "$PRESET" \
-    --part "$BENCH_PART" --steps-only --out "$OUT/grid_steps.json" > "$OUT/grid.log" 2>&1
+    --part "$BENCH_PART" --steps-only --out "$OUT/grid_${GPU}_steps.json" > "$OUT/grid.log" 2>&1
   echo "optimizer steps exit $? ($(left) s left)"
 fi
 if [ "$DEVICE" = cuda ]; then  # ECD's fused kernels, first compiled here: checked before use
@@ -143,14 +149,15 @@ if [ "$BENCH" = 1 ] && [ "$(left)" -ge 180 ]; then  # else a later call (a cut J
   timeout 170 python3 benchmarks/bench_grid.py \
     --device "$DEVICE" --preset "$PRESET" --part "$BENCH_PART" --steps "$BENCH_STEPS" \
     --data-workers 2 $([ "${WAYS%% *}" = graphs ] && echo --cuda-graphs) \
-    --out "$OUT/grid_h200.json" >> "$OUT/grid.log" 2>&1
+    --out "$OUT/grid_$GPU.json" >> "$OUT/grid.log" 2>&1
   echo "bench exit $? after $(( $(date +%s) - start )) s"
   tail -c 2500 "$OUT/grid.log"
   python3 -c "import json, sys; sys.exit('bias' not in json.load(open(sys.argv[1])))" \
-    "$OUT/grid_h200.json" 2>/dev/null || {  # cut short: kept, but not as the result
-    [ -f "$OUT/grid_h200.json" ] && mv "$OUT/grid_h200.json" "$OUT/grid_h200_partial.json"; }
+    "$OUT/grid_$GPU.json" 2>/dev/null || {  # cut short: kept, but not as the result
+    [ -f "$OUT/grid_$GPU.json" ] && mv "$OUT/grid_$GPU.json" "$OUT/grid_${GPU}_partial.json"; }
 fi
-if [ "$BENCH" = 1 ] && ! ls "$OUT"/grid_h200*.json >/dev/null 2>&1; then
+if [ "$BENCH" = 1 ] && [ ! -f "$OUT/grid_$GPU.json" ] && [ ! -f "$OUT/grid_${GPU}_partial.json" ]
+then
   echo "grid benchmark skipped: $(left) s left, it needs 180 (PART= TESTS=0 runs it alone)"
 fi
 if [ "$TESTS" = 1 ] && [ "$(left)" -gt 30 ]; then

@@ -54,8 +54,9 @@ def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_gpu
                   for n in range(0, 2751, 250))  # a retry's bar, cut at step 2,750
     (files / "paper.log").write_text("=== part seed1-pt, 400 s, graphs\n" + bars
                                      + "\n=== part seed2-pt, 100 s, graphs\n" + cut + "\ndone\n")
-    (files / "grid_steps.json").write_text("{}")
+    (files / "grid_h200_steps.json").write_text("{}")
     (files / "grid_h200.json").write_text(json.dumps({"steps": {}, "bias": {}}))
+    (files / "grid_h100_partial.json").write_text("{}")  # named after the chip it ran on
 
     report = collect_gpu_call.collect(files, root, "2026-12-05")
     saved = {name: json.loads((paper / f"{name}.json").read_text()) for name in recorded}
@@ -75,6 +76,7 @@ def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_gpu
     bench = root / "benchmarks" / "results"
     assert (bench / "grid_h200.json").is_file()
     assert (bench / "grid_h200_steps_2026-12-05b.json").is_file()  # named like the logs
+    assert (bench / "grid_h100_partial_2026-12-05b.json").is_file()
     assert "kept complete paper/ecd-bq-prelu-s0-pt.json (the call's is cut)" in report
     assert ("kept paper/ecd-bqv-prelu-s0-pt.json cut at step 20000 (the call's is cut at "
             "15000)") in report
@@ -90,8 +92,8 @@ def test_a_call_is_collected_without_losing_a_complete_run(tmp_path, collect_gpu
         collect_gpu_call.collect(tmp_path / "nowhere", root, "2026-12-05")
     # the command: it reports, then the status of the repository's own results/gpu/paper
     monkeypatch.chdir(tmp_path)
-    (files / "grid_steps.json").unlink()
-    (files / "grid_h200.json").unlink()
+    for name in ("grid_h200_steps.json", "grid_h200.json", "grid_h100_partial.json"):
+        (files / name).unlink()
     collect_gpu_call.main([str(files), "--root", str(root), "--date", "2026-12-06"])
     out = capsys.readouterr().out
     assert "results/gpu/logs-2026-12-06/paper.log" in out
