@@ -117,7 +117,7 @@ class Build:
     secnumbers: dict        # docname -> {"#anchor" or "": (n, ...)}
     numfig_format: dict     # figtype -> "Fig. %s", ...
     citations: dict         # bibtex key -> (docname, anchor)
-    bib: dict               # bibtex key -> (authors as cited, year)
+    bib: dict               # bibtex key -> (authors as cited, year with its letter)
     macros: dict            # MathJax macro name -> expansion
     exercises: dict = field(default_factory=dict)  # label -> (docname, title or "")
     proofs: dict = field(default_factory=dict)  # label -> (docname, realtype, countertype, numbered)
@@ -176,18 +176,12 @@ def section_ids(doctree: Path) -> dict:
 
 
 def read_bib(paths) -> dict:
-    """key -> (the authors as an author-year citation names them, year)."""
-    from pybtex.database import parse_file
+    """key -> (the authors as an author-year citation names them, the year with its letter):
+    the book's own labels (``book/_ext/author_year.py``), split at the last comma."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from author_year import citation_labels
 
-    bib = {}
-    for path in paths:
-        for key, entry in parse_file(str(path)).entries.items():
-            last = [" ".join(p.prelast_names + p.last_names).replace("{", "").replace("}", "")
-                    for p in entry.persons.get("author", [])]
-            names = (last[0] if len(last) == 1 else f"{last[0]} and {last[1]}" if len(last) == 2
-                     else f"{last[0]} et al.")
-            bib[key] = (names, entry.fields.get("year", ""))
-    return bib
+    return {key: tuple(label.rsplit(", ", 1)) for key, label in citation_labels(paths).items()}
 
 
 def read_macros() -> dict:

@@ -162,3 +162,24 @@ def test_a_figure_image_opens_its_300_dpi_png(tmp_path):
     other = page()
     figure_files.link_images(app, other, "book/05_rope")
     assert isinstance(next(other.findall(nodes.figure))[0], nodes.image)
+
+
+def test_citation_labels_name_each_work_once_and_sort_by_surname(tmp_path):
+    import author_year
+
+    bib = tmp_path / "refs.bib"
+    bib.write_text("""
+@misc{paper, author = {Silverstein, Eva and Kunin, Daniel and Shyam, Vasudev},
+  title = {Symmetry Breaking}, year = {2026}}
+@misc{code, author = {Silverstein, Eva and Kunin, Daniel and Shyam, Vasudev},
+  title = {Code for Symmetry Breaking}, year = {2026}}
+@misc{wiki, author = {{Gauge symmetry wiki}}, title = {Wiki}, year = {2025}}
+@misc{pair, author = {Nanda, Neel and Bloom, Joseph}, title = {Lens}, year = {2022}}
+@misc{one, author = {Noether, Emmy}, title = {Invariante}, year = {1918}}
+""")
+    labels = author_year.citation_labels([bib])
+    # by surname (a braced organisation by its letters, not after every "z"), then year and title
+    assert list(labels) == ["wiki", "pair", "one", "code", "paper"]
+    assert labels == {"wiki": "Gauge symmetry wiki, 2025", "pair": "Nanda and Bloom, 2022",
+                      "one": "Noether, 1918", "code": "Silverstein et al., 2026a",
+                      "paper": "Silverstein et al., 2026b"}
