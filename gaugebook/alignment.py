@@ -38,6 +38,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
+from gaugebook.checks import check_positive_ints
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
                              ValueBiasShift, VOTransform, gauge_layers, grouped_weights)
 from gaugebook.gpt import GPT
@@ -292,8 +293,7 @@ def align_gpt(model_a: GPT, model_b: GPT, *, method: str = "lstsq", residual: bo
     ``heads=False``.
     """
     _check_gpt_pair(model_a, model_b)
-    if rounds < 1:
-        raise ValueError(f"rounds must be positive, got {rounds}")
+    check_positive_ints(rounds=rounds)
     if heads and model_a.config.kv_heads != model_a.config.n_head:
         raise ValueError(f"head matching needs one key/value head per query head, but the models "
                          f"have {model_a.config.kv_heads} for {model_a.config.n_head}: pass "
@@ -383,8 +383,7 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     ``model_b`` must pass :func:`~gaugebook.gauge.gauge_layers` (no RoPE, no symmetry-breaking
     biases).
     """
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be positive, got {n_samples}")
+    check_positive_ints(n_samples=n_samples)
     layers = gauge_layers(model_b)
     for _, m in layers:
         if m.group_size != 1:

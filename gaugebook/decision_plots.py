@@ -80,9 +80,9 @@ def recorded_paper_arms(preset: str = "paper", *, extra_roots=()) -> tuple[list[
     except FileNotFoundError:
         runs = []
     ours = [r for r in runs if r.name in part_of]
-    done = {r.name for r in ours if not r["truncated"]}
+    done = {r.name for r in ours if r.complete}
     complete = set(arm.values()) - {arm[name] for name in arm if name not in done}
-    truncated = sum(bool(r["truncated"]) for r in ours)
+    truncated = len(ours) - len(done)
     recorded = (f"{len(ours)} of the {len(arm)} runs recorded (parts "
                 f"{', '.join(sorted({part_of[r.name] for r in ours}))}), "
                 f"{truncated or 'none'} truncated" if ours else

@@ -45,8 +45,8 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.checks import check_finite_tensors
 # The rest of a GPT's symmetries are defined and documented in gaugebook.gpt_gauge; they are
-# importable from here as well, beside the attention factors (not in __all__, so that the API
-# reference documents each once).
+# importable from here as well, beside the attention factors, but not listed in __all__ (the
+# names that gauge re-exports from lie are, and the API page excludes them: documented once).
 from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F401
                                  HiddenRescaling, LayerNormScale, LayerNormShift,
                                  PositionCentring, ReaderCentring, ResidualCentring,
@@ -119,6 +119,9 @@ class _FactorPair(MatrixFactor):
 
     def check(self, m):
         X = self.parameter
+        if X.ndim != 3:  # one shared [w, w] matrix would broadcast over the groups silently
+            raise ValueError(f"{type(self).__name__}: one matrix per key/value group, shape "
+                             f"[n_kv_heads, {self.width}, {self.width}], got {tuple(X.shape)}")
         _expect(m, type(self).__name__, n_kv_heads=X.shape[0], **{self.width: X.shape[-1]})
 
     def transform(self, params, m):

@@ -12,6 +12,7 @@ Because attention keeps per-head weights ``W_Q [H, D, dk]`` etc., every tool of
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import KW_ONLY, dataclass
@@ -25,7 +26,7 @@ from gaugebook.breaking import SymmetryBreakingBias, check_breaking
 from gaugebook.checks import check_bool, check_integer_dtype, check_positive_ints
 
 __all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
-           "check_block_options"]
+           "check_block_options", "eval_mode"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range
@@ -33,6 +34,19 @@ INIT_STD = 0.02  # GPT-2's initializer_range
 # code, which draws one slope per hidden unit from N(0.2, 1.0^2).
 PRELU_INITS = ("constant", "paper")
 PRELU_CONSTANT, PRELU_PAPER_MEAN, PRELU_PAPER_STD = 0.25, 0.2, 1.0
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """``with eval_mode(model):`` runs ``model`` in eval mode (symmetry-breaking biases at their
+    means, no dropout), then gives every submodule back the mode it had."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def check_block_options(*, n_embd: int, n_head: int, n_kv_head: int, bias: bool, activation: str,
@@ -373,9 +387,7 @@ class GPT(nn.Module):
             raise ValueError(f"top_k must be None or a positive integer, got {top_k!r}")
         if type(max_new_tokens) is not int or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             for _ in range(max_new_tokens):
                 logits, _ = self(idx[:, -self.config.block_size:])
                 logits = logits[:, -1, :].float() / temperature  # (B, V)
@@ -384,8 +396,6 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 next_token = torch.multinomial(logits.softmax(-1), num_samples=1)  # (B, 1)
                 idx = torch.cat([idx, next_token], dim=1)
-        finally:
-            self.train(was_training)
         return idx
 
     @classmethod

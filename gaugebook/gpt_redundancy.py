@@ -53,7 +53,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_bool, check_number
-from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options
+from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options, eval_mode
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
@@ -251,7 +251,8 @@ COUNTED = (Block, GPT, LogProbabilities)
 def redundancy_count(model: Block | GPT | LogProbabilities) -> int:
     """The count :func:`gaugebook.redundancy.predicted_redundancy` gives: a block on its own
     (output: the residual stream after the block, mean included), a GPT (its own output, the
-    logits) or :class:`LogProbabilities` (``D`` more than the logits: ``embedding_shift``). With
+    logits) or :class:`LogProbabilities` (its ``embedding_shift`` term differs, by ``D`` with
+    learned biases and no RoPE: :func:`redundancy_terms`). With
     symmetry-breaking biases it counts the eval-mode function (the biases at their means), in
     either mode, as :func:`~gaugebook.redundancy.redundancy` measures it."""
     if not isinstance(model, COUNTED):
@@ -368,13 +369,10 @@ def positive_fraction(model: GPT | LogProbabilities, idx: torch.Tensor) -> torch
     inputs = []
     hooks = [block.mlp.c_fc.register_forward_hook(lambda mod, args, out: inputs.append(out))
              for block in gpt.blocks]
-    modes = [(m, m.training) for m in gpt.modules()]  # restored module by module
-    gpt.eval()
     try:
-        gpt(idx)
+        with eval_mode(gpt):
+            gpt(idx)
     finally:
-        for m, training in modes:
-            m.training = training
         for hook in hooks:
             hook.remove()
     return torch.stack([(z > 0).flatten(0, 1).double().mean(0) for z in inputs])  # (L, 4D)

@@ -45,7 +45,7 @@ import math
 import torch
 
 from gaugebook.data import Category
-from gaugebook.gpt import GPT
+from gaugebook.gpt import GPT, eval_mode
 
 __all__ = ["STRUCTURAL", "SUPPRESSED", "attention_inputs", "layer_keys", "query_offset",
            "reference_vectors", "key_log_factor", "reweight", "key_alignment", "log_factors",
@@ -73,12 +73,10 @@ def attention_inputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     captured: list[torch.Tensor] = []
     hooks = [block.attn.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
              for block in model.blocks]
-    was_training = model.training
-    model.eval()
     try:
-        model(idx)
+        with eval_mode(model):
+            model(idx)
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     return captured
@@ -249,6 +247,9 @@ def centred_on_vocabulary(category_means: dict[str, float],
     gives; it needs every category of the vocabulary."""
     token_categories = torch.as_tensor(token_categories)
     counts = {c.name.lower(): int((token_categories == int(c)).sum()) for c in Category}
+    unknown = sorted(set(category_means) - set(counts))
+    if unknown:
+        raise ValueError(f"unknown categories {unknown}; valid: {sorted(counts)}")
     missing = [name for name, n in counts.items() if n and name not in category_means]
     if missing:
         raise ValueError(f"no mean for the vocabulary's {missing} words: the vocabulary mean "

@@ -85,7 +85,7 @@ def angular_momentum(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _check_steps(steps: int, shifts: torch.Tensor | None = None, d: int = 0) -> None:
     """ValueError unless ``steps`` is a non-negative integer and ``shifts`` (if any) ``[steps,
     d]``."""
-    if not (isinstance(steps, int) and steps >= 0):
+    if not (type(steps) is int and steps >= 0):  # not True, which is an int
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     if shifts is not None and tuple(shifts.shape) != (steps, d):
         raise ValueError(f"shifts must have shape [steps, d] = [{steps}, {d}], "

@@ -383,7 +383,12 @@ def _flat(params: dict, names) -> torch.Tensor:
 
 
 def _target(model: nn.Module, family: type[ContinuousFactor], target: str) -> nn.Module:
-    """``model``'s submodule at ``target``, or a ValueError naming the family and the target."""
+    """``model``'s submodule at ``target``, or a ValueError naming the family and the target;
+    TypeError for a family without a Lie algebra (a permutation: discrete)."""
+    if not (isinstance(family, type) and issubclass(family, ContinuousFactor)):
+        raise TypeError(f"expected a continuous family (a ContinuousFactor subclass, such as "
+                        f"QKTransform), got {getattr(family, '__name__', family)!r}: a discrete "
+                        "family has no tangent directions")
     try:
         return model.get_submodule(target)
     except AttributeError:
@@ -505,8 +510,9 @@ def rope_plane_breaking_basis(d_head: int, rotary_dim: int, plane: int) -> torch
     :func:`rope_commutant_basis`'s :math:`S_i` and :math:`J_i` they span all :math:`X` supported
     on the plane."""
     half = check_rotary_dim(d_head, rotary_dim) // 2
-    if not 0 <= plane < half:
-        raise ValueError(f"plane must be in [0, {half}) for rotary_dim={rotary_dim}, got {plane}")
+    if type(plane) is not int or not 0 <= plane < half:
+        raise ValueError(f"plane must be an integer in [0, {half}) for rotary_dim={rotary_dim}, "
+                         f"got {plane!r}")
     i, j = plane, plane + half
     X = torch.zeros(2, d_head, d_head, dtype=DTYPE)
     X[0, i, i], X[0, j, j] = 1.0, -1.0

@@ -27,7 +27,8 @@ import numpy as np
 from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_difference,
                              t_interval)
 
-__all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps", "values_at",
+__all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps",
+           "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
            "Table", "effects_table",
            "final_statistic", "statistic_gap", "Decision", "pairs_by_seed", "partner_pairs",
@@ -153,9 +154,10 @@ class Run:
 
     @property
     def complete(self) -> bool:
-        """Whether the run trained every step its config asked for (``steps_done >= steps``;
-        a run cut by its wall-clock budget is not)."""
-        return self.data["steps_done"] >= self.data["config"]["steps"]
+        """Whether the run trained every step its config asked for, not cut by its wall-clock
+        budget (the record's ``truncated``, which ``train`` writes as ``steps_done < steps``;
+        a record without the key counts as complete)."""
+        return not self.data.get("truncated", False)
 
     @property
     def steps(self) -> list[int]:
@@ -587,7 +589,7 @@ def decide(runs: list[Run], arm: str, symmetry: str, *,
     budget before its planned steps), a seed lacks its partner or fewer than two seeds pair (no
     interval)."""
     cut = sorted(r.name for r in runs if r.arm == arm and r.symmetry in (symmetry, BASELINE)
-                 and r.data.get("truncated"))
+                 and not r.complete)
     if cut:
         raise ValueError(f"the rule decides on complete runs only; truncated: {cut} (rerun them)")
     pairs = pairs_by_seed(runs, arm, symmetry)

@@ -244,7 +244,7 @@ def _spd_action(params: dict, model: nn.Module, layers, P_qk: dict, P_vo: dict) 
 
 def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 200,
                         rounds: int = 2, lr: float = 0.1, method: str = "auto",
-                        dense_limit: int = 1024, power_iters: int = 30, rtol: float = 1e-8,
+                        dense_limit: int = 1024, max_restarts: int = 30, rtol: float = 1e-8,
                         generator: torch.Generator | None = None) -> OrbitMinimum:
     r"""Minimise the top Hessian eigenvalue of ``loss(model(*inputs))`` over the gauge orbit.
 
@@ -258,7 +258,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
       to a few thousand parameters);
     * ``"hvp"``: Lanczos (``scipy.sparse.linalg.eigsh``, largest algebraic eigenvalue)
       warm-started at the previous step's eigenvector, with Hessian-vector products at the
-      starting point, converged to ``rtol`` in at most ``power_iters`` Lanczos restarts per
+      starting point, converged to ``rtol`` in at most ``max_restarts`` Lanczos restarts per
       step (else ``ArpackNoConvergence``), and the Hellmann-Feynman gradient
       :math:`2 (H_0 w)^\top \partial w / \partial S`, :math:`w = A^{-1} v`;
     * ``"auto"``: ``"dense"`` when the model has at most ``dense_limit`` parameters.
@@ -270,7 +270,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     changes them all).
     """
     check_finite_tensors(model, *inputs)
-    check_positive_ints(steps=steps, rounds=rounds, power_iters=power_iters)
+    check_positive_ints(steps=steps, rounds=rounds, max_restarts=max_restarts)
     check_number("lr", lr, low=0.0, strict=True)
     if method not in ("auto", "dense", "hvp"):
         raise ValueError(f"method must be 'auto', 'dense' or 'hvp', got {method!r}")
@@ -286,7 +286,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     model = copy.deepcopy(model).double()  # compose the rounds' actions without rounding
     element, history, current = GaugeElement(), [], model
     for _ in range(rounds):
-        found = _minimise_once(current, loss, inputs, layers, steps, lr, method, power_iters,
+        found = _minimise_once(current, loss, inputs, layers, steps, lr, method, max_restarts,
                                rtol, generator)
         history += found.history
         element = found.element @ element
@@ -294,7 +294,8 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     return OrbitMinimum(min(history), history[0], history, element)
 
 
-def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, rtol, generator):
+def _minimise_once(model, loss, inputs, layers, steps, lr, method, max_restarts, rtol,
+                   generator):
     L = FlatLoss(model, loss, *inputs)
     theta0 = L.theta
     zeros = dict(dtype=DTYPE, device=theta0.device, requires_grad=True)
@@ -331,7 +332,7 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, power_iters, 
                 fixed = tuple({p: X.detach() for p, X in d.items()} for d in matrices)
                 value, v = _top_algebraic(
                     lambda u: inverse_action(hvp0(inverse_action(u, fixed)), fixed), v,
-                    rtol, power_iters)
+                    rtol, max_restarts)
             w = inverse_action(v, matrices)  # differentiable in S
             return value, 2 * torch.dot(hvp0(w.detach()), w), v
 

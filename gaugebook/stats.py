@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gaugebook.checks import check_positive_ints
+
 __all__ = ["t_interval", "Correlation", "centred_by", "rank_correlation",
            "rank_correlation_difference", "rank_correlation_power"]
 
@@ -19,6 +21,8 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
     and :math:`s` the sample standard deviation (ValueError for fewer than two values)."""
     from scipy import stats
 
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
     values = np.asarray(values, dtype=float)
     n = len(values)
     if n < 2:
@@ -118,6 +122,7 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     constant in ``x`` or ``y``, are left out), and both the permutations and the bootstrap act
     within each group, so that differences between groups cannot make a correlation. ValueError
     for fewer than 4 pairs, or no group with a rho."""
+    check_positive_ints(resamples=resamples)
     x, y = _samples(x, y)
     groups = _groups(strata, x, y)
     rng = np.random.default_rng(seed)
@@ -147,6 +152,7 @@ def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
     group). A predictor expected to correlate negatively enters negated. "One rho significant,
     the other not" is no evidence that they differ; an interval of D that excludes 0 is.
     Returns ``(D, (low, high))``."""
+    check_positive_ints(resamples=resamples)
     a, b, y = _samples(a, b, y)
     groups = _groups(strata, a, b, y)
     rng = np.random.default_rng(seed)

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from gaugebook import mechanics, run_files
 from gaugebook.attention import math_attention
 from gaugebook.data import DefaultCorpus, evaluate_probes
-from gaugebook.gpt import GPT
+from gaugebook.gpt import GPT, eval_mode
 from gaugebook.interpret import alignment_scores
 from gaugebook.optim import ecd_dt, make_optimizer
 from gaugebook.results import HISTORY_EXTRA, HISTORY_KEYS, RESULT_KEYS
@@ -398,10 +398,8 @@ def _evaluate(cohort: _Cohort, r: int) -> float:
         member.val_batches = [member.corpus.batch(i, cfg.batch_size, cfg.block_size, split="val",
                                                   device=cohort.device)[:2]
                               for i in range(cfg.eval_batches)]
-    model.eval()
-    with torch.no_grad(), cohort.autocast():
+    with eval_mode(model), torch.no_grad(), cohort.autocast():
         losses = torch.stack([model(x, y)[1].float() for x, y in member.val_batches])
-    model.train()
     return float(np.mean(losses.tolist()))  # (one read to the host)
 
 

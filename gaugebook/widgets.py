@@ -25,7 +25,7 @@ import torch
 from matplotlib.figure import Figure
 
 from gaugebook.attention import MultiHeadAttention
-from gaugebook.checks import check_number
+from gaugebook.checks import check_number, check_positive_ints
 from gaugebook.interactive import Control, StaticExplorer, StaticTwin
 from gaugebook.notebook import flat
 from gaugebook.gauge import GaugeElement, QKTransform, VOTransform, invariance_error, random_element
@@ -133,8 +133,7 @@ class ConditionExplorer(StaticTwin, widgets.VBox):
                  log10_max: float = 8.0):
         if (module is None) != (inputs is None):
             raise ValueError("pass both module and inputs, or neither (for probe_layer())")
-        if seeds < 1:
-            raise ValueError(f"seeds must be a positive integer, got {seeds}")
+        check_positive_ints(seeds=seeds)
         if not 1 <= cond <= 10 ** log10_max:
             raise ValueError(f"cond must be in [1, 1e{log10_max:g}], got {cond}")
         _dtype(dtype)

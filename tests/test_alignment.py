@@ -192,6 +192,8 @@ def test_interpolation_and_distance():
         align_gpt(a, generic_gpt(0, activation="prelu"))
     with pytest.raises(ValueError, match="RoPE"):
         align_gpt(generic_gpt(0, rope=True), generic_gpt(1, rope=True))
+    with pytest.raises(ValueError, match="rounds must be a positive integer, got 1.5"):
+        align_gpt(a, b, rounds=1.5)
 
 
 def test_sample_align_keeps_the_closest_sample():

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gaugebook.gauge import GaugeElement, KeyBiasShift, random_element, invariance_error
-from gaugebook.gpt import GPT, GPTConfig
+from gaugebook.gpt import GPT, GPTConfig, eval_mode
 
 V, T = 61, 12
 
@@ -268,6 +268,18 @@ def test_generate_samples_in_eval_mode_and_restores_the_mode():
     assert torch.equal(sampled, model.eval().generate(idx, 6, top_k=1))
     with pytest.raises(ValueError, match="top_k must be None or a positive integer, got 0"):
         model.generate(idx, 1, top_k=0)
+
+
+def test_eval_mode_gives_each_submodule_its_own_mode_back():
+    model = GPT(config(symmetry_breaking="bqv"))
+    model.blocks[0].eval()  # a mixed model: one block frozen in eval mode, the rest training
+    before = [m.training for m in model.modules()]
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert [m.training for m in model.modules()] == before
+    with pytest.raises(RuntimeError), eval_mode(model):
+        raise RuntimeError  # restored on an error too
+    assert [m.training for m in model.modules()] == before
 
 
 def test_paper_prelu_init_draws_one_slope_per_unit():

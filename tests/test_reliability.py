@@ -310,11 +310,12 @@ def test_symmetry_tools_name_the_bad_argument():
     """Each was a deep RuntimeError, IndexError, KeyError or AttributeError, or (NaN) silence."""
     from gaugebook.attention import MultiHeadAttention
     from gaugebook.breaking import ShiftedAttention
-    from gaugebook.gauge import GaugeElement, QKTransform
+    from gaugebook.gauge import GaugeElement, HeadPermutation, QKTransform
     from gaugebook.gpt_gauge import PositionCentring
     from gaugebook.gpt_redundancy import make_generic_
+    from gaugebook.interpret import centred_on_vocabulary
     from gaugebook.lie import (attention_terms, drawn_gauge, factor_redundancy, gl_basis,
-                               momentum_map, tangent_map)
+                               momentum_map, rope_plane_breaking_basis, tangent_map)
     from gaugebook.mechanics import qk_charge, vo_charge
     from gaugebook.moe import MoE, load_balancing_loss
     from gaugebook.orbit import orbit_tangents
@@ -327,6 +328,16 @@ def test_symmetry_tools_name_the_bad_argument():
         tangent_map(m, QKTransform, "x")
     with pytest.raises(ValueError, match=r"QKTransform moves \['W_K'\], which have no momentum"):
         momentum_map(m, QKTransform, {"W_Q": torch.zeros_like(m.W_Q)})
+    # n_kv_heads = d_head = 2: a shared [2, 2] generator would pass a check of the first and
+    # last dimension and broadcast over the groups
+    with pytest.raises(ValueError, match=r"one matrix per key/value group.*got \(2, 2\)"):
+        tangent_map(m, QKTransform, basis=torch.eye(4, dtype=torch.float64).reshape(4, 2, 2))
+    with pytest.raises(TypeError, match="got 'HeadPermutation': a discrete family"):
+        tangent_map(m, HeadPermutation)
+    with pytest.raises(ValueError, match=r"plane must be an integer in \[0, 2\).*got 1.5"):
+        rope_plane_breaking_basis(4, 4, 1.5)  # was an IndexError
+    with pytest.raises(ValueError, match=r"unknown categories \['Noise'\]"):
+        centred_on_vocabulary({"Noise": 5.0}, torch.zeros(3, dtype=torch.long))  # a KeyError
     W, P = torch.zeros(5, 3), torch.zeros(6, 3)
     with pytest.raises(ValueError, match=r"momentum of W_K must have its shape \(6, 3\)"):
         qk_charge(W, P, W, W)

@@ -156,12 +156,11 @@ def test_load_errors(tmp_path):
 
 def test_read_run_and_complete(tmp_path):
     """A run is complete when it trained every step its config asked for."""
-    data = record("ecd", "bqv", [100, 200])
-    data["config"]["steps"] = 300
+    data = record("ecd", "bqv", [100, 200])  # truncated
     path = write(tmp_path, data) / f"{data['name']}.json"
     run = read_run(path)
     assert run.path == path and run.name == data["name"] and not run.complete
-    data["steps_done"] = 300
+    data["truncated"] = False
     assert read_run(write(tmp_path, data) / path.name).complete
     path.write_text("[1,")
     with pytest.raises(ValueError, match=f"{path} is not valid JSON"):

@@ -156,7 +156,7 @@ def test_minimum_over_orbit_is_gauge_invariant(problem):
 def test_hvp_method_agrees_with_dense(problem):
     model, loss, x = problem
     dense = minimise_over_orbit(model, loss, x, steps=6, rounds=1, method="dense")
-    hvp = minimise_over_orbit(model, loss, x, steps=6, rounds=1, method="hvp", power_iters=60,
+    hvp = minimise_over_orbit(model, loss, x, steps=6, rounds=1, method="hvp", max_restarts=60,
                               rtol=1e-6, generator=torch.Generator().manual_seed(6))
     assert abs(hvp.initial - dense.initial) < 1e-5 * dense.initial
     assert hvp.sharpness < hvp.initial
@@ -169,7 +169,7 @@ def test_orbit_minimisation_errors(problem):
         minimise_over_orbit(model, loss, x, method="newton")
     with pytest.raises(ValueError, match="steps"):
         minimise_over_orbit(model, loss, x, steps=0)
-    for kw, name in ((dict(steps=2.5), "steps"), (dict(power_iters=0), "power_iters"),
+    for kw, name in ((dict(steps=2.5), "steps"), (dict(max_restarts=0), "max_restarts"),
                      (dict(lr=float("nan")), "lr")):  # a TypeError, or scipy's, or silence
         with pytest.raises(ValueError, match=name):
             minimise_over_orbit(model, loss, x, **kw)

@@ -85,3 +85,14 @@ def test_centred_takes_out_each_groups_mean():
     np.testing.assert_allclose(centred_by(values, seeds), [-1, 1, -2, 2, 0])
     with pytest.raises(ValueError, match="one length"):
         centred_by(values, seeds[:-1])
+
+
+def test_bad_settings_are_named():
+    from gaugebook.stats import rank_correlation, rank_correlation_difference, t_interval
+
+    with pytest.raises(ValueError, match="level must lie strictly between 0 and 1, got 1.5"):
+        t_interval([1.0, 2.0, 3.0], level=1.5)  # was (nan, nan)
+    with pytest.raises(ValueError, match="resamples must be a positive integer, got 0"):
+        rank_correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], resamples=0)
+    with pytest.raises(ValueError, match="resamples must be a positive integer, got 2.5"):
+        rank_correlation_difference([1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 4], resamples=2.5)

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from gaugebook.data.generator import TASKS, DefaultCorpus
+from gaugebook.gpt import eval_mode
 from gaugebook.data.vocabulary import WordTokenizer
 
 __all__ = ["evaluate_probes"]
@@ -36,10 +37,8 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
         raise ValueError(f"the model's vocabulary has {vocab} tokens, the probes' tokenizer "
                          f"{tokenizer.vocab_size}: score a model trained on the default corpus")
     corpus = DefaultCorpus(tokenizer=tokenizer)
-    was_training = model.training
-    model.eval()
     scores = {}
-    try:
+    with eval_mode(model):
         for task in TASKS:
             prompts, answers = corpus.probes(task, n_per_task, context=context, seed=seed)
             logits = torch.cat([model(chunk.to(device))[0][:, -1, :].float().cpu()
@@ -55,8 +54,6 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
                 "top5": (top5 == answers[:, None]).any(dim=1).float().mean().item(),
                 "correct": "".join("01"[h] for h in hits.tolist()),
             }
-    finally:
-        model.train(was_training)
     scores["mean"] = {m: float(np.mean([scores[t][m] for t in TASKS]))
                       for m in ("loss", "top1", "top5")}
     return scores
