@@ -40,11 +40,12 @@ from torch import nn
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_positive_ints
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
-                             ValueBiasShift, VOTransform, gauge_layers, grouped_weights)
+                             ValueBiasShift, VOTransform, gauge_layers, grouped_weights,
+                             random_attention_factors)
 from gaugebook.gpt import GPT
 from gaugebook.gpt_gauge import HiddenPermutation, ResidualPermutation, residual_axes
 from gaugebook.lie import float64_parameters
-from gaugebook.linalg import DTYPE, ZERO_RTOL, random_gl
+from gaugebook.linalg import DTYPE, ZERO_RTOL
 
 __all__ = ["head_similarity", "match_heads", "align_factors", "align_qk_vo", "align_mlp",
            "permute_mlp", "match_residual", "permute_residual", "align_gpt", "interpolate",
@@ -374,10 +375,11 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     attention gauge group :math:`\prod_\text{layers} (\GL(d_k)^H \times \GL(d_v)^H) \rtimes S_H`
     and keep the :math:`\tau` minimising :math:`\|\theta_a - \tau(\theta_b)\|`.
 
-    The source does not say how to sample a non-compact group; here every QK and VO matrix is
+    The source does not say how to sample a non-compact group; here each layer's element is
+    :func:`~gaugebook.gauge.random_attention_factors`: every QK and VO matrix
     :func:`~gaugebook.linalg.random_gl` with condition number ``cond`` (``cond=1``: Haar
-    orthogonal, the uniform distribution on the maximal compact subgroup) and each layer's head
-    permutation is uniform. As in the source, the identity is not a candidate. Only the attention
+    orthogonal, the uniform distribution on the maximal compact subgroup), the head permutation
+    uniform. As in the source, the identity is not a candidate. Only the attention
     layers' per-head tensors change, so each distance is computed from them and the fixed rest
     (the same number as acting on the whole model; the returned model is the library's action).
     ``model_b`` must pass :func:`~gaugebook.gauge.gauge_layers` (no RoPE, no symmetry-breaking
@@ -404,10 +406,7 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     device = next(model_b.parameters()).device
 
     def draw(m):  # one random (M, N, perm) for layer m, drawn on the CPU from generator
-        M = torch.stack([random_gl(m.d_head, cond, generator=generator) for _ in range(m.n_heads)])
-        N = torch.stack([random_gl(m.d_value, cond, generator=generator)
-                         for _ in range(m.n_heads)])
-        return M.to(device), N.to(device), torch.randperm(m.n_heads, generator=generator).to(device)
+        return tuple(x.to(device) for x in random_attention_factors(m, cond, generator))
 
     best, best_draws, distances = None, None, []
     for _ in range(n_samples):

@@ -58,7 +58,8 @@ from gaugebook.linalg import DTYPE, random_gl, relative_change, spread
 from gaugebook.rope import check_rotary_dim
 
 __all__ = ["GaugeElement", "QKTransform", "VOTransform", "HeadPermutation", "KeyBiasShift",
-           "ValueBiasShift", "random_element", "identity", "invariance_error",
+           "ValueBiasShift", "random_element", "random_attention_factors", "identity",
+           "invariance_error",
            "rope_commutant_element", "attention_modules", "gauge_layers", "qk_algebra",
            "grouped_weights",
            "ATTENTION_ALGEBRA"]
@@ -392,7 +393,13 @@ def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
     return (groups[:, None] * G + within).flatten()
 
 
-def _random_attention_element(m: MultiHeadAttention, cond: float, generator, target: str):
+def random_attention_factors(m: MultiHeadAttention, cond: float,
+                             generator: torch.Generator | None = None):
+    """``(M [n_kv, d_head, d_head], N [n_kv, d_v, d_v], perm [H])``: the parameters of a random
+    :class:`QKTransform`, :class:`VOTransform` and :class:`HeadPermutation` of ``m``, drawn in
+    that order from ``generator`` (CPU, float64): each matrix with condition number ``cond``
+    (:func:`~gaugebook.linalg.random_gl`; under RoPE in the commutant,
+    :func:`rope_commutant_element`), the permutation uniform over the wreath product."""
     if m.rope:
         M = torch.stack([rope_commutant_element(m.d_head, m.rotary_dim, cond=cond,
                                                 gated=m.rope == "gated", generator=generator)
@@ -402,8 +409,13 @@ def _random_attention_element(m: MultiHeadAttention, cond: float, generator, tar
                          for _ in range(m.n_kv_heads)])
     N = torch.stack([random_gl(m.d_value, cond, generator=generator)
                      for _ in range(m.n_kv_heads)])
+    return M, N, _random_head_permutation(m, generator)
+
+
+def _random_attention_element(m: MultiHeadAttention, cond: float, generator, target: str):
+    M, N, perm = random_attention_factors(m, cond, generator)
     factors = [QKTransform(M, target=target), VOTransform(N, target=target),
-               HeadPermutation(_random_head_permutation(m, generator), target=target)]
+               HeadPermutation(perm, target=target)]
     if m.has_bias:
         shape_v = (m.n_kv_heads, m.d_value)
         factors.append(ValueBiasShift(torch.randn(shape_v, generator=generator, dtype=DTYPE),

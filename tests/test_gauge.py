@@ -285,3 +285,13 @@ def test_head_permutation_accepts_a_gpu_permutation(generator):
     assert torch.equal(moved.W_Q, m.W_Q[perm]) and torch.equal(moved.W_K, m.W_K[perm[::2] // 2])
     with pytest.raises(ValueError, match="permutation"):
         HeadPermutation(torch.tensor([0, 0, 1], device="cuda"))
+
+
+def test_random_attention_factors_have_the_asked_conditioning_and_keep_groups_together():
+    m = MultiHeadAttention(16, 4, 4, n_kv_heads=2, dtype=torch.float64)  # 2 groups of 2 heads
+    M, N, perm = gauge.random_attention_factors(m, 10.0, torch.Generator().manual_seed(0))
+    assert M.shape == (2, 4, 4) and N.shape == (2, 4, 4) and sorted(perm.tolist()) == [0, 1, 2, 3]
+    assert torch.allclose(torch.linalg.cond(torch.cat([M, N])), torch.full((4,), 10.0,
+                                                                           dtype=torch.float64))
+    assert {frozenset(perm[:2].tolist()), frozenset(perm[2:].tolist())} == {
+        frozenset({0, 1}), frozenset({2, 3})}  # a group's heads move together
