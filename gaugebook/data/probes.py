@@ -5,8 +5,8 @@ import numpy as np
 import torch
 
 from gaugebook.data.generator import TASKS, DefaultCorpus
-from gaugebook.gpt import eval_mode
 from gaugebook.data.vocabulary import WordTokenizer
+from gaugebook.gpt import eval_mode
 
 __all__ = ["evaluate_probes"]
 
