@@ -45,8 +45,9 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.breaking import ShiftedAttention, SymmetryBreakingBias
 from gaugebook.checks import check_finite_tensors
 # The rest of a GPT's symmetries are defined and documented in gaugebook.gpt_gauge; they are
-# importable from here as well, beside the attention factors, but not listed in __all__ (the
-# names that gauge re-exports from lie are, and the API page excludes them: documented once).
+# importable from here as well, beside the attention factors, but left out of __all__. (The two
+# names re-exported from lie, GaugeElement and identity, are in __all__ as the factors' working
+# companions; the API page excludes them, so that each name is documented once.)
 from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation,  # noqa: F401
                                  HiddenRescaling, LayerNormScale, LayerNormShift,
                                  PositionCentring, ReaderCentring, ResidualCentring,
