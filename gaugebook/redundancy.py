@@ -11,8 +11,9 @@ Tolerance: a singular value counts as zero when it is at most ``rtol`` times the
 :math:`m \times n` and :math:`\epsilon` the float64 machine epsilon (the convention of
 ``numpy.linalg.matrix_rank``). The ratio ``gap`` :math:`= s_r / s_{r+1}` of the last kept to
 the first dropped singular value (:math:`r` the rank) is reported: where the dropped values are
-round-off it is large (about :math:`10^{12}` for one attention layer, :math:`10^{8}` or more
-for a small GPT in this book); a gap near 1 means the count is not trustworthy.
+round-off it is large (:math:`10^{12}` to :math:`10^{13}` for one attention layer,
+:math:`10^{8}` or more for a small GPT in this book); a gap near 1 means the count is not
+trustworthy.
 """
 from __future__ import annotations
 
