@@ -306,3 +306,12 @@ def test_recorded_results_ship_in_the_wheel(tmp_path):
         assert shipped == set(inside)
         for name, path in inside.items():
             assert z.read(name) == path.read_bytes()
+
+
+def test_citations_take_the_books_labels():
+    """The edition cites with the rendered book's labels (book/_ext/author_year.py): the paper
+    and the code of Silverstein et al. are told apart by a letter, as on the page."""
+    bib = edition.read_bib([ROOT / "book" / "references.bib"])
+    assert bib["silverstein2026code"] == ("Silverstein et al.", "2026a")
+    assert bib["silverstein2026symmetry"] == ("Silverstein et al.", "2026b")
+    assert bib["deluca2022born"] == ("De Luca and Silverstein", "2022")
