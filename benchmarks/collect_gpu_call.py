@@ -128,10 +128,11 @@ def benchmark_targets(files_at: Path, bench: Path, tag: str) -> dict[Path, Path]
     day). FileExistsError, before anything is written, when a target exists."""
     targets = {}
     for source in sorted(files_at.glob("grid_*.json")):
-        if not BENCHMARK.fullmatch(source.name):
+        name = BENCHMARK.fullmatch(source.name)
+        if not name:
             continue
         target = bench / f"{source.stem}_{tag}.json"
-        if not BENCHMARK.fullmatch(source.name).group(2) and not (bench / source.name).exists():
+        if not name.group(2) and not (bench / source.name).exists():  # complete, first recorded
             target = bench / source.name
         if target.exists():
             raise FileExistsError(f"{target} exists: move it or pass another --date")
