@@ -379,17 +379,16 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     :func:`~gaugebook.gauge.random_attention_factors`: every QK and VO matrix
     :func:`~gaugebook.linalg.random_gl` with condition number ``cond`` (``cond=1``: Haar
     orthogonal, the uniform distribution on the maximal compact subgroup), the head permutation
-    uniform. As in the source, the identity is not a candidate. Only the attention
-    layers' per-head tensors change, so each distance is computed from them and the fixed rest
-    (the same number as acting on the whole model; the returned model is the library's action).
+    uniform. Under GQA or MQA the matrices are one per key/value head and the permutation is
+    uniform over the wreath product (groups, and heads within a group). As in the source, the
+    identity is not a candidate. Only the attention layers' per-head tensors change, so each
+    distance is computed from them and the fixed rest (the same number as acting on the whole
+    model; the returned model is the library's action).
     ``model_b`` must pass :func:`~gaugebook.gauge.gauge_layers` (no RoPE, no symmetry-breaking
     biases).
     """
     check_positive_ints(n_samples=n_samples)
     layers = gauge_layers(model_b)
-    for _, m in layers:
-        if m.group_size != 1:
-            raise ValueError("sample_align supports one key/value head per query head")
     start = time.perf_counter()
     initial = parameter_distance(model_a, model_b)
     per_head = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")

@@ -196,9 +196,10 @@ def test_interpolation_and_distance():
         align_gpt(a, b, rounds=1.5)
 
 
-def test_sample_align_keeps_the_closest_sample():
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_sample_align_keeps_the_closest_sample(n_kv_head):
     gen = torch.Generator().manual_seed(8)
-    a, b = generic_gpt(0), generic_gpt(1)
+    a, b = generic_gpt(0, n_kv_head=n_kv_head), generic_gpt(1, n_kv_head=n_kv_head)
     result = sample_align(a, b, 20, generator=gen)
     assert len(result.distances) == 20 and result.seconds > 0
     assert abs(result.distance - min(result.distances)) < 1e-9
