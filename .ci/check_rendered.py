@@ -40,6 +40,7 @@ HTML_DIR (default ``_build/html``) is served from a local HTTP server on 127.0.0
 * offline: no script or stylesheet is referenced on another host, and the local server answered
   every request the pages made (no 404 other than ``/favicon.ico``); every link to a file of the
   book (a relative URL: a page, a figure's slide files) names a file the build has;
+* one search field, the sidebar's: no theme header bar above the page holding a second one;
 * no cell output on stderr: a warning or a log message (e.g. matplotlib's ``findfont`` when
   its font cache is stale) is bookkeeping the reader should not see;
 * scripts: no JavaScript error in the console: neither an uncaught one (such as a script that
@@ -309,6 +310,7 @@ class StaticPage(HTMLParser):
         self.anchors = []       # links within the page (#fragment)
         self.ids = set()        # the page's element ids: what those links can reach
         self.stderr = 0         # cell outputs on stderr (warnings, log messages)
+        self.search_fields = 0  # the theme's search buttons: one, in the sidebar
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -316,6 +318,8 @@ class StaticPage(HTMLParser):
             self.stderr += 1
         if "math" in classes(attrs):
             self.math += 1
+        if tag == "button" and "search-button-field" in classes(attrs):
+            self.search_fields += 1
         if tag == "script" and a.get("type") == WIDGET_VIEW:
             self.widget_views += 1
         if tag == "div" and INTERACTIVE in classes(attrs):
@@ -539,6 +543,10 @@ def check_page(chromium: str, base_url: str, html_dir: Path, page: str, budget_m
             result.failures.append(f"links to {link}, which the build does not have")
     for anchor in sorted(set(static.anchors) - static.ids):
         result.failures.append(f"links to #{anchor}, an anchor this page does not have")
+    if static.search_fields != 1:
+        result.failures.append(f"{static.search_fields} search fields, not one (the sidebar's): "
+                               "a theme header bar holds the others (book/_ext/gaugebook_book.py "
+                               "sets navbar_persistent to keep it away)")
     if static.stderr:
         result.failures.append(f"{static.stderr} cell outputs on stderr (a warning or log "
                                "message shown to readers: fix its cause)")

@@ -28,6 +28,15 @@ def test_launch_buttons_open_the_release_tag():
     assert config.html_theme_options["repository_branch"] == f"v{gaugebook.__version__}"
 
 
+def test_no_header_bar_unless_the_config_asks_for_one():
+    config = SimpleNamespace(html_theme_options={})
+    ext.no_header_bar(None, config)
+    assert config.html_theme_options["navbar_persistent"] == []
+    config = SimpleNamespace(html_theme_options={"navbar_persistent": ["search-button-field"]})
+    ext.no_header_bar(None, config)
+    assert config.html_theme_options["navbar_persistent"] == ["search-button-field"]
+
+
 def launch_context(pagename, branch="v0.1.0"):
     buttons = [
         {"text": "Binder", "url": f"https://mybinder.org/v2/gh/{REPO}/{branch}"

@@ -10,6 +10,9 @@
   ``{{ default_mode }}``, a template variable that nothing sets: the empty mode makes its script
   log "Got invalid theme mode: . Resetting to auto." (a console error) on every page. The pages
   start in ``auto`` (the reader's system setting), which the script would fall back to anyway.
+* One search field, in the sidebar. pydata-sphinx-theme 0.17 puts a search field in its
+  header bar unless ``navbar_persistent`` is set, which sphinx-book-theme's defaults no longer
+  do: every page then opened with an otherwise empty bar, holding a second search field.
 * Code that fits. ``static/gaugebook.css`` sets the size of code and outputs at which the book's
   88-column lines fit the text column of a 1280 px window; on a phone, long inline math and
   code scroll or wrap instead of being cut at the column's edge.
@@ -37,6 +40,11 @@ def release_tag() -> str:
 def launch_release(app, config) -> None:
     """Launch buttons and Thebe use the branch the theme is given: make it the release tag."""
     config.html_theme_options["repository_branch"] = release_tag()
+
+
+def no_header_bar(app, config) -> None:
+    """No theme header bar: its one item, the search field, is in the sidebar already."""
+    config.html_theme_options.setdefault("navbar_persistent", [])
 
 
 def colab_edition(app, pagename, templatename, context, doctree) -> None:
@@ -73,6 +81,7 @@ def add_static(app, config) -> None:
 
 def setup(app):
     app.connect("config-inited", launch_release)
+    app.connect("config-inited", no_header_bar)
     app.connect("config-inited", add_static)
     app.add_css_file("gaugebook.css")
     app.add_js_file("gaugebook.js")
