@@ -11,8 +11,8 @@
   log "Got invalid theme mode: . Resetting to auto." (a console error) on every page. The pages
   start in ``auto`` (the reader's system setting), which the script would fall back to anyway.
 * One search field, in the sidebar. pydata-sphinx-theme 0.17 puts a search field in its
-  header bar unless ``navbar_persistent`` is set, which sphinx-book-theme's defaults no longer
-  do: every page then opened with an otherwise empty bar, holding a second search field.
+  header bar unless the book's own options set ``navbar_persistent`` (sphinx-book-theme's
+  empty default does not count): every page then opened with a bar holding nothing else.
 * Code that fits. ``static/gaugebook.css`` sets the size of code and outputs at which the book's
   88-column lines fit the text column of a 1280 px window; on a phone, long inline math and
   code scroll or wrap instead of being cut at the column's edge.
