@@ -26,7 +26,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 import torch
@@ -279,34 +282,56 @@ def _worker(queue, out: str, device: str, position: int, batched: bool,
             try:
                 _train_cohort(cfgs, Path(out), device, batched, position=position,
                               data_workers=data_workers, cuda_graphs=cuda_graphs)
-            except Exception as error:  # noqa: BLE001 - reported in a file, then the next run
-                for cfg in cfgs:
-                    write_json_atomic(Path(out) / f"{cfg.name}.error.json",
-                                      {"name": cfg.name, "error": repr(error),
-                                       "config": dataclasses.asdict(cfg)})
-                print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
+            except RunFileConflict as error:  # the parent reports it with the failures
+                _record_failure(cfgs, Path(out), error)
     except KeyboardInterrupt:
         return
 
 
 def _train_cohort(cfgs, out: Path, device: str, batched: bool, **kw) -> None:
-    if batched:
-        train_batched(cfgs, out, device, **kw)
-    else:
-        train(cfgs[0], out, device, **kw)
+    """Train one cohort. A failure in training is recorded (:func:`_record_failure`) and does
+    not stop the next cohort; a :class:`RunFileConflict` (a file of other settings) is raised."""
+    try:
+        if batched:
+            train_batched(cfgs, out, device, **kw)
+        else:
+            train(cfgs[0], out, device, **kw)
+    except RunFileConflict:
+        raise
+    except Exception as error:  # noqa: BLE001 - reported in a file, then the next cohort
+        _record_failure(cfgs, out, error)
 
 
-def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
+def _record_failure(cfgs, out: Path, error: Exception) -> None:
+    """``<out>/<name>.error.json`` for each run of the cohort: the error, its traceback and the
+    run's config; a line on stderr."""
+    for cfg in cfgs:
+        write_json_atomic(out / f"{cfg.name}.error.json",
+                          {"name": cfg.name, "error": repr(error),
+                           "traceback": "".join(traceback.format_exception(error)),
+                           "config": dataclasses.asdict(cfg)})
+    print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM (``kill``, ``timeout``) or SIGHUP (a closed terminal) stops the runner as Ctrl-C
+    does, so that its worker processes are stopped with it."""
+    raise KeyboardInterrupt
+
+
+def run_many(runs: list[RunConfig], out: str | Path, device: str = "cpu", workers: int = 1, *,
              batched: bool = False, data_workers: int = 0, cuda_graphs: bool = False) -> None:
-    """Train ``runs``, alone or (``batched``) grouped into batched cohorts
-    (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share the
-    device (useful when one run or cohort does not fill a GPU)."""
+    """Train ``runs`` into the folder ``out``, alone or (``batched``) grouped into batched
+    cohorts (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share
+    the device (useful when one run or cohort does not fill a GPU)."""
     check_distinct_names(runs)
+    out = Path(out)
     groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
     if workers <= 1:
         for group in groups:
             _train_cohort(group, out, device, batched, data_workers=data_workers,
                           cuda_graphs=cuda_graphs)
+        _report_failures(runs, out)
         return
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -320,6 +345,9 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
              for i in range(workers)]
     for p in procs:
         p.start()
+    main_thread = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.signal(sig, _stop_on_sigterm)
+                for sig in (signal.SIGTERM, signal.SIGHUP)} if main_thread else {}
     try:
         for p in procs:
             p.join()
@@ -328,11 +356,23 @@ def run_many(runs: list[RunConfig], out: Path, device: str, workers: int = 1, *,
             p.join(timeout=5)
             p.terminate()
         raise
-    # a worker's record of a failure (a success removes its run's): this call's runs only
-    failed = sorted(path.name for cfg in runs
-                    if (path := out / f"{cfg.name}.error.json").exists())
-    if failed or any(p.exitcode for p in procs):
-        raise RuntimeError(f"runs failed: {failed or 'a worker crashed'}")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    _report_failures(runs, out, crashed=any(p.exitcode for p in procs))
+
+
+def _report_failures(runs: list[RunConfig], out: Path, crashed: bool = False) -> None:
+    """RuntimeError naming this call's failed runs (their ``.error.json``; a success removes its
+    run's) or a crashed worker."""
+    failed = [cfg.name for cfg in runs if (out / f"{cfg.name}.error.json").exists()]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}; "
+                           f"the error and traceback of each are in {out}/<run>.error.json "
+                           "(rerun the same command to train them again)")
+    if crashed:
+        raise RuntimeError("a worker process crashed (killed, or out of memory?): rerun the "
+                           "same command to resume")
 
 
 def main(argv=None) -> None:
@@ -395,12 +435,16 @@ def main(argv=None) -> None:
         parser.error(str(e))
     first = int(os.environ.get("RANK", 0)) == 0  # the process that reports
     if done and first:
-        print(f"{len(done)} of {len(runs)} runs already finished in {out}: skipped (delete a "
-              "result to train its run again)", file=sys.stderr)
+        cut = sum(bool(result.get("truncated")) for result in done.values())
+        print(f"{len(done)} of {len(runs)} runs already finished in {out}"
+              + (f" ({cut} of them cut short by max_wall_s)" if cut else "")
+              + ": skipped (delete a result to train its run again)", file=sys.stderr)
     try:
         _run(args, runs, out, distributed)
     except RunFileConflict as e:  # a checkpoint met in training: the runs before it are saved
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except RuntimeError as e:  # runs that failed in training; the others are saved
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     except KeyboardInterrupt:
         print(_interrupted(out), file=sys.stderr)
         sys.exit(130)

@@ -27,11 +27,12 @@ complex scalar :math:`a I + b J` (:math:`a I` alone for gated RoPE), and on the 
 coordinates any invertible block (a diagonal one for gated RoPE, whose gates act coordinate by
 coordinate).
 
-Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``. Each primitive is a
-factor of :mod:`gaugebook.lie` (its action, inverse, and for the continuous ones its Lie algebra
-and exponential); the symmetries of the rest of a GPT block (LayerNorm, residual stream, MLP,
-embeddings) are defined in :mod:`gaugebook.gpt_gauge` and importable from here too, those of a
-mixture of experts in :mod:`gaugebook.moe`.
+Composition follows functions: ``(a @ b).act(m) == a.act(b.act(m))``, for elements and single
+factors alike. Each primitive is a factor of :mod:`gaugebook.lie` (its action, inverse, and for
+the continuous ones its Lie algebra and exponential); the symmetries of the rest of a GPT block
+(LayerNorm, residual stream, MLP, embeddings) are defined in :mod:`gaugebook.gpt_gauge`, and its
+exact ones are importable from here too (``StreamScaling``, exact only at LayerNorm eps = 0,
+from there alone); those of a mixture of experts are in :mod:`gaugebook.moe`.
 """
 from __future__ import annotations
 
@@ -320,10 +321,22 @@ ATTENTION_ALGEBRA = (QKTransform, VOTransform, KeyBiasShift, ValueBiasShift)
 """
 
 
-def attention_modules(module: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+def attention_modules(module: nn.Module, *,
+                      needed_by: str | None = None) -> list[tuple[str, MultiHeadAttention]]:
     """Every :class:`~gaugebook.attention.MultiHeadAttention` inside ``module`` (itself
-    included), with its path."""
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, MultiHeadAttention)]
+    included), with its path; TypeError when there is none and ``needed_by`` names what needs
+    them."""
+    layers = [(name, m) for name, m in module.named_modules()
+              if isinstance(m, MultiHeadAttention)]
+    if not layers and needed_by:
+        fused = any(isinstance(m, nn.MultiheadAttention) for m in module.modules())
+        raise TypeError(
+            f"{type(module).__name__} contains no MultiHeadAttention (gaugebook.attention), "
+            f"which {needed_by} needs"
+            + ("; torch.nn.MultiheadAttention keeps its heads' weights fused: build the layer "
+               "as gaugebook.attention.MultiHeadAttention, which stores them per head"
+               if fused else ""))
+    return layers
 
 
 def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
@@ -334,9 +347,7 @@ def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     with symmetry-breaking biases (:math:`W_Q \to W_Q M` does not move them, chapter 16).
     :func:`~gaugebook.alignment.align_gpt`, :func:`~gaugebook.alignment.sample_align` and
     :func:`~gaugebook.sharpness.minimise_over_orbit` refuse models through it."""
-    layers = attention_modules(model)
-    if not layers:
-        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention")
+    layers = attention_modules(model, needed_by="the attention gauge group")
     for path, m in layers:
         if m.rope:
             raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
@@ -431,17 +442,19 @@ def _random_attention_element(m: MultiHeadAttention, cond: float, generator, tar
 
 def random_element(module: nn.Module, *, cond: float = 10.0,
                    generator: torch.Generator | None = None) -> GaugeElement:
-    """A random element of ``module``'s full continuous gauge group (times a head permutation).
+    """A random element of the attention gauge group of every
+    :class:`~gaugebook.attention.MultiHeadAttention` inside ``module`` (the continuous group
+    times a head permutation).
 
-    Every attention layer inside ``module`` gets its own QK and VO matrices (each of 2-norm
-    condition number ``cond``; RoPE-commuting where RoPE is on, with the exception that
-    :func:`rope_commutant_element` states), a head permutation and, with
-    biases, a value-bias shift and a key-bias shift on the coordinates that RoPE does not rotate
-    (:meth:`KeyBiasShift.free`).
+    Every such layer gets its own QK and VO matrices (each of 2-norm condition number ``cond``;
+    RoPE-commuting where RoPE is on, with the exception that :func:`rope_commutant_element`
+    states), a head permutation and, with biases, a value-bias shift and a key-bias shift on the
+    coordinates that RoPE does not rotate (:meth:`KeyBiasShift.free`). The rest of a GPT's
+    symmetries (:mod:`gaugebook.gpt_gauge`) are not drawn. The element keeps ``module``'s
+    function unless ``module`` has symmetry-breaking biases, which it does not move (chapter 16;
+    :func:`gauge_layers` refuses such models).
     """
-    layers = attention_modules(module)
-    if not layers:
-        raise TypeError(f"{type(module).__name__} contains no MultiHeadAttention to act on")
+    layers = attention_modules(module, needed_by="a random gauge element")
     return GaugeElement(f for name, m in layers
                         for f in _random_attention_element(m, cond, generator, name))
 

@@ -168,6 +168,17 @@ class Factor:
         self.check(module)
         return module
 
+    def act(self, module: nn.Module) -> nn.Module:
+        """A transformed deep copy of ``module``: the element of this one factor acting."""
+        return GaugeElement(self).act(module)
+
+    def __matmul__(self, other: "Factor | GaugeElement") -> "GaugeElement":
+        """``(f @ g).act(m) == f.act(g.act(m))`` for a factor or element ``g``, as for
+        :class:`GaugeElement`."""
+        if not isinstance(other, (Factor, GaugeElement)):
+            return NotImplemented
+        return GaugeElement(self) @ other
+
     def apply_(self, module: nn.Module) -> None:
         """Overwrite the parameters of ``module`` (the target itself, as :meth:`resolve` returns
         it) with the action's result, in place: computed in float64, cast back to each
@@ -358,12 +369,6 @@ class GaugeElement:
         if not isinstance(other, GaugeElement):
             return NotImplemented
         return GaugeElement(other.factors + self.factors)
-
-    def __rmatmul__(self, other: Factor) -> "GaugeElement":
-        """``factor @ element``: the factor acts after the element."""
-        if not isinstance(other, Factor):
-            return NotImplemented
-        return GaugeElement(other) @ self
 
     def __repr__(self) -> str:
         names = ", ".join(f"{type(f).__name__}({f.target!r})" if f.target else type(f).__name__

@@ -171,16 +171,6 @@ def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
     return out
 
 
-def _attention_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
-    """:func:`~gaugebook.gauge.attention_modules`, TypeError when there is none (as
-    :func:`~gaugebook.gauge.random_element` raises): no charge to compute."""
-    layers = attention_modules(model)
-    if not layers:
-        raise TypeError(f"{type(model).__name__} contains no MultiHeadAttention: charges and "
-                        "flow invariants are those of gaugebook's attention layers")
-    return layers
-
-
 def _sector(model: nn.Module, path: str, m: MultiHeadAttention, momenta: dict) -> Sectors:
     """Both momentum maps of layer ``path`` (``momenta`` keyed relative to it), the QK one as
     the dual of the layer's QK algebra (the projection onto the RoPE commutant)."""
@@ -205,7 +195,7 @@ def charges(model: nn.Module, momenta) -> dict[str, Sectors]:
     augmented weights. Shapes: ``qk [n_kv_heads, d_head, d_head]``,
     ``vo [n_kv_heads, d_value, d_value]`` per layer. TypeError for a model without attention.
     """
-    layers = _attention_layers(model)
+    layers = attention_modules(model, needed_by="the charges")
     p = _as_named(model, momenta)
     result = {}
     for path, m in layers:
@@ -239,4 +229,4 @@ def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
     d_head]`` and ``vo [n_kv_heads, d_value, d_value]`` (float64), as :func:`charges` does.
     TypeError for a model without attention."""
     return {path: _sector(model, path, m, float64_parameters(m))
-            for path, m in _attention_layers(model)}
+            for path, m in attention_modules(model, needed_by="the flow invariants")}

@@ -321,7 +321,8 @@ def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss
     values = run._column(key)
     if len(values) < last:
         raise ValueError(f"{run.name} recorded {len(values)} evaluations; the statistic needs "
-                         f"the last {last}")
+                         f"the last {last}: train with steps >= {last} x eval_every (the preset "
+                         "paper-smoke, a check of the pipeline, records 4: add --set steps=60)")
     return float(np.mean(values[-last:]))
 
 

@@ -3,6 +3,7 @@ trained together as one batched model (:func:`batch_key`)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import string
@@ -151,6 +152,10 @@ class RunConfig:
 
     def _check_trainer_hp(self) -> None:
         hp = self.optimizer_hp
+        if "lr" not in hp:
+            raise ValueError(f"optimizer_hp needs a learning rate: set optimizer_hp=dict(lr=...) "
+                             f"(the presets' settings for {self.optimizer}: "
+                             f"gaugebook.experiment.HP[{self.optimizer!r}])")
         if self.optimizer == "ecd":
             owned = [TRAINER_OWNED[k] for k in hp if k in TRAINER_OWNED]
             if owned:
@@ -228,6 +233,12 @@ def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
             values["optimizer_hp"] = {**values["optimizer_hp"], entry: value}
         elif dot:
             raise ValueError(f"--set {key}: only optimizer_hp has entries (optimizer_hp.KEY=...)")
+        elif key not in values:
+            close = difflib.get_close_matches(key, values, n=1)
+            hint = (f"did you mean {close[0]}, or the optimizer's optimizer_hp.{key}?" if close
+                    else f"an optimizer's setting is set as optimizer_hp.{key}=...")
+            raise ValueError(f"--set {key}: no such run setting; {hint} (run settings: "
+                             f"{', '.join(sorted(values))})")
         else:
             values[key] = value
     return RunConfig.from_dict(values)

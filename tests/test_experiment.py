@@ -104,6 +104,16 @@ def test_the_command_line_skips_finished_runs_and_refuses_other_settings(tmp_pat
     assert "error: " in err and "with other settings (steps: 2 there, 3 here)" in err
 
 
+def test_the_skip_line_counts_the_runs_cut_short_by_their_time_budget(tmp_path, capsys):
+    args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
+            "probe_instances=4", "--set", "steps=100000", "--set", "max_wall_s=0.01"]
+    main(args)
+    capsys.readouterr()
+    main(args)
+    assert (f"4 of 4 runs already finished in {tmp_path} (4 of them cut short by max_wall_s): "
+            "skipped") in capsys.readouterr().err
+
+
 def test_the_command_line_names_a_checkpoint_of_other_settings_without_a_traceback(tmp_path,
                                                                                   capsys):
     """A checkpoint is read only when its run trains: the conflict ends the call like the
@@ -145,6 +155,32 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path):
                                             "rerun the same command to resume")
 
 
+def test_sigterm_stops_the_worker_processes_too(tmp_path):
+    """``kill`` (SIGTERM) of the runner alone, as ``timeout`` sends it: its worker processes
+    used to keep training and holding their runs' locks; now they stop with it."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gaugebook.experiment", "--preset", "cpu-smoke", "--out",
+           str(out), "--device", "cpu", "--workers", "2", "--set", "steps=100000", "--set",
+           "checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "checkpoints").glob("*.pt")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children, "no worker processes found"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children), children
+
+
 def test_the_help_shows_the_examples_as_written(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -158,8 +194,12 @@ def test_unknown_names_list_the_valid_ones(capsys):
         select_runs("gpu-huge")
     with pytest.raises(ValueError, match="valid parts: .*seed0"):
         select_runs("gpu", "seed9")
-    with pytest.raises(ValueError, match="unknown run config key.*'stepz'.*valid keys"):
+    with pytest.raises(ValueError, match=r"--set stepz: no such run setting; did you mean "
+                       r"steps, or the optimizer's optimizer_hp.stepz\? \(run settings: "):
         override(tiny(), ["stepz=3"])
+    with pytest.raises(ValueError, match="--set lr: no such run setting; an optimizer's "
+                                         "setting is set as optimizer_hp.lr=..."):
+        override(tiny(), ["lr=3e-4"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         override(tiny(), ["steps"])
     with pytest.raises(ValueError, match="unknown symmetry"):

@@ -191,8 +191,10 @@ def test_incompatible_module_is_rejected(generator):
         GaugeElement([ValueBiasShift(torch.zeros(4, 4))]).act(make("mqa", torch.float64, generator))
     with pytest.raises(ValueError, match="permutation"):
         HeadPermutation(torch.tensor([0, 0, 1]))
-    with pytest.raises(TypeError, match="no MultiHeadAttention"):
+    with pytest.raises(TypeError, match="no MultiHeadAttention .* a random gauge element needs$"):
         random_element(torch.nn.Linear(3, 3))
+    with pytest.raises(TypeError, match="nn.MultiheadAttention keeps its heads' weights fused"):
+        random_element(torch.nn.MultiheadAttention(16, 4))  # torch's, one capital letter apart
     with pytest.raises(TypeError, match="acts on MultiHeadAttention"):
         GaugeElement([QKTransform(torch.eye(2)[None])]).act(torch.nn.Linear(2, 2))
     of_a_gpt = random_element(GPT(GPTConfig(11, 6, 1, 2, 6)))
@@ -210,6 +212,10 @@ def test_elements_compose_with_single_factors_and_either_argument_order(generato
     assert max_param_difference(GaugeElement(qk).act(m), GaugeElement([qk]).act(m)) == 0
     assert max_param_difference((qk @ GaugeElement(vo)).act(m), both.act(m)) == 0
     assert max_param_difference((GaugeElement(qk) @ vo).act(m), both.act(m)) == 0
+    assert max_param_difference((qk @ vo).act(m), both.act(m)) == 0  # two bare factors
+    assert max_param_difference(qk.act(m), GaugeElement(qk).act(m)) == 0
+    with pytest.raises(TypeError, match="unsupported operand"):
+        qk @ x
     assert invariance_error(m, both, x) == invariance_error(both, m, x) < 1e-13  # DESIGN's f, g
     # a bare factor is the element of that factor, in either order
     assert invariance_error(qk, m, x) == invariance_error(m, qk, x) \

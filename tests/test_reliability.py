@@ -288,15 +288,49 @@ def test_adamw_keeps_its_own_fused_setting():
 def test_concurrent_workers_report_only_this_calls_failures(tmp_path):
     """Two worker processes train two runs; another run's error file, left by an earlier call,
     is not this call's failure. Each worker takes its share of the host's threads (with all
-    of them each, two workers on two cores trained about 12 times slower)."""
+    of them each, two workers on two cores trained about 12 times slower). The folder may be
+    given as a string (its error files were looked up with ``str / str``)."""
     from gaugebook.experiment import run_many
 
     (tmp_path / "some-other-run.error.json").write_text('{"error": "from an earlier call"}')
     runs = [tiny(steps=2, eval_every=2, seed=s) for s in (0, 1)]
-    run_many(runs, tmp_path, "cpu", workers=2)
+    run_many(runs, str(tmp_path), "cpu", workers=2)
     results = [json.loads((tmp_path / f"{cfg.name}.json").read_text()) for cfg in runs]
     share = max(1, torch.get_num_threads() // 2)
     assert [r["provenance"]["threads"] for r in results] == [share, share]
+
+
+def test_runs_that_fail_in_training_are_recorded_and_named_without_a_traceback(tmp_path,
+                                                                              capsys):
+    """A run whose loss diverges: with one worker the call used to end in the run's traceback,
+    before the other runs; now every run is tried, each failure is recorded with its traceback
+    in ``<run>.error.json`` (as with several workers), and the call ends in one message."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu",
+              "--set", "optimizer_hp.lr=1e30"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err
+    names = ["ecd-symmetric-prelu-s0", "ecd-bqv-prelu-s0", "adamw-symmetric-prelu-s0",
+             "adamw-bqv-prelu-s0"]
+    for name in names:  # every run was tried: it failed, or it finished
+        assert (tmp_path / f"{name}.error.json").exists() or (tmp_path / f"{name}.json").exists()
+    record = json.loads((tmp_path / "adamw-bqv-prelu-s0.error.json").read_text())
+    assert "non-finite training loss" in record["error"]
+    assert record["traceback"].startswith("Traceback") and record["config"]["seed"] == 0
+    assert "runs failed: " in err and f"are in {tmp_path}/<run>.error.json" in err
+
+
+def test_a_config_without_a_learning_rate_is_refused_when_made():
+    """It used to be accepted, and failed in training naming make_optimizer's argument."""
+    with pytest.raises(ValueError, match=r"optimizer_hp needs a learning rate: set "
+                       r"optimizer_hp=dict\(lr=...\) .*gaugebook.experiment.HP\['adamw'\]"):
+        RunConfig("adamw")
+
+
+def test_an_unusable_device_is_named_before_training(capsys, tmp_path):
+    err = cli_error(capsys, "--preset", "cpu-smoke", "--device", "mps", "--out", str(tmp_path))
+    assert "--device mps: torch cannot use it here" in err and "use --device cpu" in err
+    assert not list(tmp_path.glob("*.lock"))
 
 
 @pytest.mark.parametrize("option", [["--workers", "2"], ["--batched"]])

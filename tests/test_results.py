@@ -310,7 +310,7 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
     with pytest.raises(ValueError, match="complete runs only.*ecd-bq-prelu-s0-pt"):
         decide(load_runs(write(tmp_path / "cut", *[r for r in records if r["name"] != cut["name"]],
                                cut)), "ecd-pt", "bq")
-    with pytest.raises(ValueError, match="last 5"):
+    with pytest.raises(ValueError, match=r"last 5: train with steps >= 5 x eval_every"):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
     with pytest.raises(ValueError, match="unknown history key 'loss'"):
         final_statistic(runs[0], key="loss")
