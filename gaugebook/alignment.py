@@ -4,7 +4,8 @@ Two networks trained from different seeds compute similar functions with paramet
 by (approximately) a symmetry. Averaging them naively mixes unrelated coordinates; aligning one to
 the other first, by a symmetry that preserves its function exactly, can lower the loss barrier on
 the straight line between them (Entezari et al. 2022; Ainsworth et al. 2023, "weight matching").
-For a :class:`~gaugebook.gpt.GPT` (multi-head attention, no RoPE) the symmetries used are
+For a :class:`~gaugebook.gpt.GPT` (multi-head attention; with RoPE only the permutations, which
+commute with the rotations) the symmetries used are
 
 * **residual features** :math:`\pi \in S_D`: permute the :math:`D` features of the residual
   stream in every tensor that reads or writes it (embeddings, LayerNorm gains and biases, the
@@ -58,14 +59,12 @@ def _w(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(DTYPE)
 
 
-def _check_attention(m: MultiHeadAttention) -> None:
-    if not isinstance(m, MultiHeadAttention):
-        raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
-    gauge_layers(m)
-
-
-def _check_pair(a: MultiHeadAttention, b: MultiHeadAttention) -> None:
-    _check_attention(a), _check_attention(b)
+def _check_pair(a: MultiHeadAttention, b: MultiHeadAttention, *,
+                permutations_only: bool = False) -> None:
+    for m in (a, b):
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
+        gauge_layers(m, permutations_only=permutations_only)
     shape = ("d_model", "n_heads", "n_kv_heads", "d_head", "d_value", "has_bias")
     wrong = [f"{k}: {getattr(a, k)} vs {getattr(b, k)}" for k in shape
              if getattr(a, k) != getattr(b, k)]
@@ -83,8 +82,9 @@ def head_similarity(attn_a: MultiHeadAttention, attn_b: MultiHeadAttention) -> t
     r""":math:`S_{ij} = \cos(W_Q^a W_K^{a\top}, W_Q^b W_K^{b\top}) + \cos(W_V^a W_O^a, W_V^b W_O^b)`
     for head :math:`i` of ``attn_a`` and head :math:`j` of ``attn_b``: both circuits (``[D, D]``
     each) are invariant under the head's :math:`\GL(d_k) \times \GL(d_v)`, so :math:`S` compares
-    heads modulo that gauge. ``[H, H]``, entries in :math:`[-2, 2]`."""
-    _check_pair(attn_a, attn_b)
+    heads modulo that gauge (and, under RoPE, modulo its commutant). ``[H, H]``, entries in
+    :math:`[-2, 2]`."""
+    _check_pair(attn_a, attn_b, permutations_only=True)
 
     def circuits(m):
         G = m.group_size
@@ -241,11 +241,11 @@ def permute_mlp(mlp: nn.Module, perm: torch.Tensor) -> None:
     factor.apply_(factor.resolve(mlp))
 
 
-def _check_gpt_pair(model_a: GPT, model_b: GPT) -> None:
+def _check_gpt_pair(model_a: GPT, model_b: GPT, *, permutations_only: bool = True) -> None:
     for m in (model_a, model_b):
         if not isinstance(m, GPT):
             raise TypeError(f"expected a GPT, got {type(m).__name__}")
-        gauge_layers(m)
+        gauge_layers(m, permutations_only=permutations_only)
     if model_a.config != model_b.config:
         raise ValueError(f"the models' configs differ: {model_a.config} vs {model_b.config}")
 
@@ -291,9 +291,10 @@ def align_gpt(model_a: GPT, model_b: GPT, *, method: str = "lstsq", residual: bo
     it contributes. The first residual matching sees only the tensors no other symmetry touches
     (embeddings, LayerNorm, output biases) in a meaningful frame; later rounds see everything
     aligned. Head matching needs one key/value head per query head: under GQA or MQA pass
-    ``heads=False``.
+    ``heads=False``. With RoPE the QK frames are not a symmetry of the full group: pass
+    ``frames=False`` to align by the permutations alone, which commute with the rotations.
     """
-    _check_gpt_pair(model_a, model_b)
+    _check_gpt_pair(model_a, model_b, permutations_only=not frames)
     check_positive_ints(rounds=rounds)
     if heads and model_a.config.kv_heads != model_a.config.n_head:
         raise ValueError(f"head matching needs one key/value head per query head, but the models "

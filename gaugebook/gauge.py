@@ -339,20 +339,24 @@ def attention_modules(module: nn.Module, *,
     return layers
 
 
-def gauge_layers(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+def gauge_layers(model: nn.Module, *,
+                 permutations_only: bool = False) -> list[tuple[str, MultiHeadAttention]]:
     r"""The attention layers of ``model`` (:func:`attention_modules`), checked so that the
     attention gauge group (:math:`\GL(d_k) \times \GL(d_v)` per key/value group, head
     permutations) keeps ``model``'s function: TypeError when there is none, ValueError for a
     layer with RoPE (its QK group is only the commutant of the rotations, chapter 5) or a model
-    with symmetry-breaking biases (:math:`W_Q \to W_Q M` does not move them, chapter 16).
+    with symmetry-breaking biases (:math:`W_Q \to W_Q M` does not move them, chapter 16). With
+    ``permutations_only`` RoPE layers pass: permutations of heads (and of residual features
+    and MLP units) commute with the rotations.
     :func:`~gaugebook.alignment.align_gpt`, :func:`~gaugebook.alignment.sample_align` and
     :func:`~gaugebook.sharpness.minimise_over_orbit` refuse models through it."""
     layers = attention_modules(model, needed_by="the attention gauge group")
     for path, m in layers:
-        if m.rope:
+        if m.rope and not permutations_only:
             raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
                              "commutant of the rotations (chapter 5), but this needs the full "
-                             "GL(d_head) QK group: use a model without RoPE")
+                             "GL(d_head) QK group: use a model without RoPE (align_gpt aligns "
+                             "one by its permutations alone with frames=False)")
     breaking = [path or type(m).__name__ for path, m in model.named_modules()
                 if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
     if breaking:

@@ -119,7 +119,7 @@ def _balancing_matrix(A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tens
     return _sym_power((W + W.mT) / 2, 0.5)
 
 
-def balancing_element(m: MultiHeadAttention) -> GaugeElement:
+def balancing_element(m: MultiHeadAttention, *, target: str = "") -> GaugeElement:
     r"""The gauge element that moves ``m`` to the balanced point of its orbit, where
     :func:`gaugebook.mechanics.flow_invariants` vanish. Among the points that the QK and VO
     transforms reach (:math:`M, N` in :math:`\GL`) it has the smallest
@@ -131,7 +131,8 @@ def balancing_element(m: MultiHeadAttention) -> GaugeElement:
     :math:`b_V` further.
 
     Needs full column rank factors (:math:`d_\text{head}, d_\text{value} \le d_\text{model}`) and
-    no RoPE (the RoPE commutant cannot balance a general pair).
+    no RoPE (the RoPE commutant cannot balance a general pair). ``target`` is the path of ``m``
+    in the model the element will act on (``"blocks.0.attn"`` in a GPT; ``""``: ``m`` itself).
     """
     _check(m)
     check_finite_tensors(m)
@@ -140,4 +141,4 @@ def balancing_element(m: MultiHeadAttention) -> GaugeElement:
     W = grouped_weights(m)  # augmented and grouped per key/value head
     M = _balancing_matrix(W["Q"], W["K"], "the query/key pair")
     N = _balancing_matrix(W["V"], W["O"].mT, "the value/output pair")
-    return GaugeElement([QKTransform(M), VOTransform(N)])
+    return GaugeElement([QKTransform(M, target=target), VOTransform(N, target=target)])

@@ -196,6 +196,19 @@ def test_interpolation_and_distance():
         align_gpt(a, b, rounds=1.5)
 
 
+def test_rope_models_align_by_their_permutations_alone():
+    """Residual, head and MLP permutations commute with RoPE's rotations, so align_gpt with
+    frames=False keeps a RoPE model's function; the QK frames (frames=True) are refused."""
+    a, b = generic_gpt(0, rope=True), generic_gpt(1, rope=True)
+    aligned = align_gpt(a, b, frames=False)
+    idx = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(3))
+    assert (logits(aligned, idx) - logits(b, idx)).abs().max() < 1e-10
+    assert parameter_distance(a, aligned) < parameter_distance(a, b)
+    with pytest.raises(ValueError, match="RoPE.*align_gpt aligns one by its permutations alone "
+                                         "with frames=False"):
+        align_gpt(a, b)
+
+
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])  # multi-head, grouped-query, multi-query
 def test_sample_align_keeps_the_closest_sample(n_kv_head):
     gen = torch.Generator().manual_seed(8)

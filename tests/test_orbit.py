@@ -110,6 +110,20 @@ def test_balancing_element_reaches_the_balanced_point(kwargs, generator):
         assert (C < 1e-12 * C0).all()
 
 
+def test_a_layer_inside_a_gpt_is_balanced_in_place_of_the_model(generator):
+    from gaugebook.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(11, 8, 2, 2, 8)).double()
+    layer = random_element(model, cond=30.0, generator=generator).act(model)
+    g = balancing_element(layer.blocks[1].attn, target="blocks.1.attn")
+    balanced = g.act(layer)
+    assert flow_invariants(balanced)["blocks.1.attn"].qk_norm.max() < 1e-10
+    assert flow_invariants(balanced)["blocks.0.attn"].qk_norm.min() > 1.0  # untouched
+    idx = torch.randint(0, 11, (2, 8), generator=generator)
+    assert (balanced(idx)[0] - layer(idx)[0]).abs().max() < 1e-10
+
+
 def test_balanced_point_minimises_the_weight_norm(generator):
     # for one head without biases: min over the orbit of |W_Q|^2 + |W_K|^2 is 2 |W_Q W_K^T|_*
     m = MultiHeadAttention(8, 2, 3, dtype=DTYPE, generator=generator)
