@@ -188,6 +188,21 @@ def _sweep_parts() -> dict[str, list[RunConfig]]:
     return {"sweep": ecd + adamw}
 
 
+#: What each preset is for, and where it runs (``--list`` prints it).
+PRESET_PURPOSES = {
+    "cpu-smoke": "the pipeline end to end on a tiny model (seconds, CPU)",
+    "cpu-small": "a small model for a few hundred steps (minutes a run, CPU)",
+    "gpu": "the first recorded GPU grid, results/gpu/seed0 (GPU)",
+    "sweep": "ECD's (lr, F0) and AdamW's lr on the gpu model, 600 steps (GPU)",
+    "paper": "the paper's protocol at reduced scale, 28,000 steps a run (GPU, bf16, compiled)",
+    "paper-smoke": "paper's 21 runs on the tiny model for 40 steps: a pipeline check (CPU)",
+    "paper-cpu": "paper's 21 runs on the tiny model for 5,000 steps (about 20 min, 2 cores)",
+    "paper-lr": "AdamW's learning rate for paper, 4 rates x 2 symmetries (GPU)",
+    "paper-cpu-lr": "AdamW's and ECD's learning rates for paper-cpu (CPU)",
+    "paper-cpu-tuned": "paper-cpu's AdamW at its best rate, 3 seeds (CPU)",
+}
+
+
 def presets() -> dict[str, dict[str, list[RunConfig]]]:
     """Every preset: ``{preset: {part: [RunConfig, ...]}}``."""
     return {
@@ -409,6 +424,7 @@ def main(argv=None) -> None:
         for preset, parts in presets().items():
             print(f"{preset}: " + ", ".join(f"{part} ({len(runs)} runs)"
                                             for part, runs in parts.items()))
+            print(f"    {PRESET_PURPOSES[preset]}")
         return
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     try:
@@ -449,7 +465,7 @@ def main(argv=None) -> None:
         print(_interrupted(out), file=sys.stderr)
         sys.exit(130)
     if first:
-        print(f"results in {out}", file=sys.stderr)
+        print(_summary(runs, out), file=sys.stderr)
 
 
 def _run(args: argparse.Namespace, runs: list[RunConfig], out: Path, distributed: bool) -> None:
@@ -467,6 +483,18 @@ def _run(args: argparse.Namespace, runs: list[RunConfig], out: Path, distributed
         return
     run_many(runs, out, args.device, args.workers, batched=args.batched,
              data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)
+
+
+def _summary(runs: list[RunConfig], out: Path) -> str:
+    """The call's last lines: each run's steps and last validation loss, then the folder."""
+    width = max(len(cfg.name) for cfg in runs)
+    lines = [f"{'run':<{width}}  {'steps':>7}  val loss"]
+    for cfg in runs:
+        run = read_run(out / f"{cfg.name}.json")
+        lines.append(f"{cfg.name:<{width}}  {run['steps_done']:>7}  "
+                     f"{run.history['val_loss'][-1]:8.4f}"
+                     + ("" if run.complete else "  (cut short by max_wall_s)"))
+    return "\n".join([*lines, f"results in {out}"])
 
 
 def _interrupted(out: Path) -> str:

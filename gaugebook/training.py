@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -658,6 +659,9 @@ def _train_locked(cfgs: list[RunConfig], out: Path, device: torch.device, batche
     cohort = _setup(todo, device, batched, cuda_graphs)
     cohort.ckpt_path = run_files.checkpoint_path(out, todo, batched)
     _resume(cohort)
+    if cohort.step and rank == 0 and progress:
+        tqdm.write(f"resuming {_label(cohort)} at step {cohort.step} of {cfg.steps} "
+                   f"({cohort.ckpt_path})", file=sys.stderr)
     _record_way(cohort)
     if cfg.optimizer == "adamw":  # captured: step counts on the device (set after a checkpoint
         for group in cohort.optimizer.param_groups:  # restored its own)

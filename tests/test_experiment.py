@@ -108,7 +108,11 @@ def test_the_skip_line_counts_the_runs_cut_short_by_their_time_budget(tmp_path, 
     args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
             "probe_instances=4", "--set", "steps=100000", "--set", "max_wall_s=0.01"]
     main(args)
-    capsys.readouterr()
+    last = capsys.readouterr().err.splitlines()[-6:]  # the summary: a line per run
+    assert last[0].split() == ["run", "steps", "val", "loss"]
+    assert last[-1] == f"results in {tmp_path}"
+    assert all(line.startswith(name) and line.endswith("(cut short by max_wall_s)")
+               for line, name in zip(last[1:5], [c.name for c in select_runs("cpu-smoke")]))
     main(args)
     assert (f"4 of 4 runs already finished in {tmp_path} (4 of them cut short by max_wall_s): "
             "skipped") in capsys.readouterr().err
@@ -247,7 +251,9 @@ def test_list_without_a_preset_lists_every_preset_and_part(capsys):
     main(["--list"])
     out = capsys.readouterr().out
     assert "gpu: seed0 (16 runs), seed1 (16 runs), seed2 (16 runs)" in out
-    assert "cpu-smoke: all (4 runs)" in out
+    assert "cpu-smoke: all (4 runs)\n    the pipeline end to end on a tiny model" in out
+    from gaugebook.experiment import PRESET_PURPOSES, presets
+    assert list(PRESET_PURPOSES) == list(presets())  # each preset says what it is for
 
 
 def test_gpu_preset_covers_the_grid():

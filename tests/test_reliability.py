@@ -320,6 +320,16 @@ def test_runs_that_fail_in_training_are_recorded_and_named_without_a_traceback(t
     assert "runs failed: " in err and f"are in {tmp_path}/<run>.error.json" in err
 
 
+def test_a_resumed_run_says_so(tmp_path, capsys):
+    cfg = tiny()
+    train(cfg, tmp_path, stop_after=4, progress=False)  # leaves its checkpoint at step 4
+    capsys.readouterr()
+    train(cfg, tmp_path)
+    err = capsys.readouterr().err
+    assert (f"resuming {cfg.name} at step 4 of 8 ({tmp_path}/checkpoints/{cfg.name}.pt)"
+            in err)
+
+
 def test_a_config_without_a_learning_rate_is_refused_when_made():
     """It used to be accepted, and failed in training naming make_optimizer's argument."""
     with pytest.raises(ValueError, match=r"optimizer_hp needs a learning rate: set "
