@@ -355,8 +355,8 @@ def gauge_layers(model: nn.Module, *,
         if m.rope and not permutations_only:
             raise ValueError(f"{path or 'the module'} uses RoPE, whose QK group is only the "
                              "commutant of the rotations (chapter 5), but this needs the full "
-                             "GL(d_head) QK group: use a model without RoPE (align_gpt aligns "
-                             "one by its permutations alone with frames=False)")
+                             "GL(d_head) QK group: use a model without RoPE (or, for align_gpt, "
+                             "frames=False: its permutations alone commute with the rotations)")
     breaking = [path or type(m).__name__ for path, m in model.named_modules()
                 if isinstance(m, (SymmetryBreakingBias, ShiftedAttention))]
     if breaking:

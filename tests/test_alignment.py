@@ -204,8 +204,8 @@ def test_rope_models_align_by_their_permutations_alone():
     idx = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(3))
     assert (logits(aligned, idx) - logits(b, idx)).abs().max() < 1e-10
     assert parameter_distance(a, aligned) < parameter_distance(a, b)
-    with pytest.raises(ValueError, match="RoPE.*align_gpt aligns one by its permutations alone "
-                                         "with frames=False"):
+    with pytest.raises(ValueError, match="RoPE.*for align_gpt, frames=False: its permutations "
+                                         "alone commute with the rotations"):
         align_gpt(a, b)
 
 
