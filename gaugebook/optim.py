@@ -722,6 +722,11 @@ class ECD(Optimizer):
                     a = 1 + c * dots[r][0]
                     speed += a * a * vv[s] - 2 * a * c * vg[s] + c * c * gg[s]
                 plan.append((dt, c, a))
+            if not speed > 0:  # |v'|^2 lost to round-off: c |g| dwarfs |v| = 1 by ~1e8 or more
+                raise FloatingPointError(
+                    f"ECD: the kicked velocity's squared norm came out {speed:.3g}, not positive: "
+                    "the step is too large for float round-off (or a gradient is not finite); "
+                    "lower lr")
             n = math.sqrt(speed)
             for (dt, c, a), sl in zip(plan, self._layout):
                 v = self._flat[sl.dtype][r, sl.start:sl.stop]

@@ -394,6 +394,10 @@ def test_clear_errors():
     with pytest.raises(FloatingPointError, match=r"gradient of parameter 2 \(shape \(2, 6\)\)"):
         run(model, opt, 1, x, y)
     hook.remove()
+    for lr in (1e15, 1e30):  # |v'|^2 cancels to 0 or below: ZeroDivisionError, math domain error
+        huge = ECD(model.parameters(), lr=lr, eta=1.0, F0=-1.0)
+        with pytest.raises(FloatingPointError, match="squared norm came out .* lower lr"):
+            run(model, huge, 3, x, y)
     with pytest.raises(ValueError, match="shared"):
         ECD([{"params": model[0].parameters(), "eta": 2.0}, {"params": model[2].parameters()}],
             lr=0.1, eta=1.0, F0=0.0)
