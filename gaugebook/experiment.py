@@ -24,6 +24,7 @@ for all of them; ``--workers K`` then trains K such cohorts concurrently.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -37,8 +38,8 @@ import torch.distributed as dist
 
 from gaugebook.results import read_run
 from gaugebook.run_config import RunConfig, override
-from gaugebook.run_files import (RunFileConflict, existing_results, provenance, run_locks,
-                                 write_json_atomic)
+from gaugebook.run_files import (RunFileConflict, checkpoint_path, existing_results, provenance,
+                                 run_locks, write_json_atomic)
 from gaugebook.training import (check_distinct_names, check_runs, cohorts,
                                 optimizer_state_bytes, train, train_batched)
 
@@ -328,26 +329,56 @@ def _record_failure(cfgs, out: Path, error: Exception) -> None:
     print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
 
 
-def _stop_on_sigterm(signum, frame):
-    """SIGTERM (``kill``, ``timeout``) or SIGHUP (a closed terminal) stops the runner as Ctrl-C
-    does, so that its worker processes are stopped with it."""
-    raise KeyboardInterrupt
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised as Ctrl-C's KeyboardInterrupt; unlike Ctrl-C it reached this
+    process alone, not its workers."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (``kill``, ``timeout``) and SIGHUP (a closed terminal) raise KeyboardInterrupt,
+    as Ctrl-C does: the runner stops its worker processes, ends its progress bars and says how
+    to resume. (Signal handlers belong to the main thread; elsewhere nothing changes.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise _Terminated
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def run_many(runs: list[RunConfig], out: str | Path, device: str = "cpu", workers: int = 1, *,
              batched: bool = False, data_workers: int = 0, cuda_graphs: bool = False) -> None:
     """Train ``runs`` into the folder ``out``, alone or (``batched``) grouped into batched
     cohorts (:func:`gaugebook.training.cohorts`); with ``workers > 1`` that many processes share
-    the device (useful when one run or cohort does not fill a GPU)."""
+    the device (useful when one run or cohort does not fill a GPU). A run that fails does not
+    stop the others; RuntimeError at the end names the failed ones."""
     check_distinct_names(runs)
     out = Path(out)
     groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
-    if workers <= 1:
-        for group in groups:
-            _train_cohort(group, out, device, batched, data_workers=data_workers,
-                          cuda_graphs=cuda_graphs)
-        _report_failures(runs, out)
-        return
+    crashed = False
+    with _terminate_as_interrupt():
+        if workers <= 1:
+            for group in groups:
+                _train_cohort(group, out, device, batched, data_workers=data_workers,
+                              cuda_graphs=cuda_graphs)
+        else:
+            crashed = _train_in_processes(groups, out, device, workers, batched=batched,
+                                          data_workers=data_workers, cuda_graphs=cuda_graphs)
+    _report_failures(runs, out, crashed)
+
+
+def _train_in_processes(groups, out: Path, device: str, workers: int, *, batched: bool,
+                        data_workers: int, cuda_graphs: bool) -> bool:
+    """Train the cohorts ``groups`` in ``workers`` processes, each taking the next cohort when
+    it is done; whether a worker crashed."""
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     for group in groups:
@@ -360,21 +391,19 @@ def run_many(runs: list[RunConfig], out: str | Path, device: str = "cpu", worker
              for i in range(workers)]
     for p in procs:
         p.start()
-    main_thread = threading.current_thread() is threading.main_thread()
-    handlers = {sig: signal.signal(sig, _stop_on_sigterm)
-                for sig in (signal.SIGTERM, signal.SIGHUP)} if main_thread else {}
     try:
         for p in procs:
             p.join()
-    except KeyboardInterrupt:  # Ctrl-C reaches the workers too; a signal to this process alone
-        for p in procs:        # does not: they get a few seconds to stop, then are stopped
+    except KeyboardInterrupt as interrupt:  # Ctrl-C reaches the workers too; a signal to this
+        if isinstance(interrupt, _Terminated):  # process alone is passed on as Ctrl-C
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGINT)
+        for p in procs:  # they get a few seconds to stop quietly, then are stopped
             p.join(timeout=5)
             p.terminate()
         raise
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    _report_failures(runs, out, crashed=any(p.exitcode for p in procs))
+    return any(p.exitcode for p in procs)
 
 
 def _report_failures(runs: list[RunConfig], out: Path, crashed: bool = False) -> None:
@@ -450,6 +479,12 @@ def main(argv=None) -> None:
     except (ValueError, RuntimeError) as e:
         parser.error(str(e))
     first = int(os.environ.get("RANK", 0)) == 0  # the process that reports
+    stale = _other_checkpoints(runs, out, args.batched, done)
+    if stale and first:
+        print(f"note: {len(stale)} checkpoint(s) in {out / 'checkpoints'} belong to no run or "
+              f"cohort of this call ({', '.join(p.name for p in stale)}): a checkpoint resumes "
+              "only under the command that wrote it (the same runs, with or without --batched "
+              "as then)", file=sys.stderr)
     if done and first:
         cut = sum(bool(result.get("truncated")) for result in done.values())
         print(f"{len(done)} of {len(runs)} runs already finished in {out}"
@@ -483,6 +518,18 @@ def _run(args: argparse.Namespace, runs: list[RunConfig], out: Path, distributed
         return
     run_many(runs, out, args.device, args.workers, batched=args.batched,
              data_workers=args.data_workers, cuda_graphs=args.cuda_graphs)
+
+
+def _other_checkpoints(runs: list[RunConfig], out: Path, batched: bool,
+                       done: dict) -> list[Path]:
+    """The checkpoints in ``out`` that none of this call's runs or cohorts would resume: written
+    by another ``--part``, or with(out) ``--batched`` (a cohort's is named after its runs, and
+    after those left to train when some have finished)."""
+    groups = cohorts(runs) if batched else [[cfg] for cfg in runs]
+    planned = {checkpoint_path(out, group, batched) for group in groups}
+    planned |= {checkpoint_path(out, todo, batched) for group in groups
+                if (todo := [cfg for cfg in group if cfg.name not in done])}
+    return sorted(set((out / "checkpoints").glob("*.pt")) - planned)
 
 
 def _summary(runs: list[RunConfig], out: Path) -> str:
