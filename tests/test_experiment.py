@@ -104,6 +104,22 @@ def test_the_command_line_skips_finished_runs_and_refuses_other_settings(tmp_pat
     assert "error: " in err and "with other settings (steps: 2 there, 3 here)" in err
 
 
+def test_a_checkpoint_this_call_will_not_resume_is_named(tmp_path, capsys):
+    """Switching to --batched restarts an interrupted unbatched run from step 0: say so."""
+    args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
+            "eval_every=2", "--set", "probe_instances=4", "--set", "checkpoint_every=2",
+            "--set", "steps=4"]
+    first = override(select_runs("cpu-smoke")[0], args[7::2])
+    train(first, tmp_path, stop_after=2, progress=False)  # leaves its checkpoint at step 2
+    main([*args, "--batched"])
+    err = capsys.readouterr().err
+    assert (f"note: 1 checkpoint(s) in {tmp_path}/checkpoints belong to no run or cohort of "
+            f"this call ({first.name}.pt)") in err
+    main(args)  # unbatched, as it was written: its run, finished meanwhile, removes it
+    assert "note:" not in capsys.readouterr().err
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
 def test_the_skip_line_counts_the_runs_cut_short_by_their_time_budget(tmp_path, capsys):
     args = ["--preset", "cpu-smoke", "--out", str(tmp_path), "--device", "cpu", "--set",
             "probe_instances=4", "--set", "steps=100000", "--set", "max_wall_s=0.01"]
