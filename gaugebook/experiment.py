@@ -477,7 +477,7 @@ def main(argv=None) -> None:
             with run_locks(out, runs):
                 pass
     except (ValueError, RuntimeError) as e:
-        parser.error(str(e))
+        parser.exit(2, f"{parser.prog}: error: {e}\n")  # a message naming the fix, no usage
     first = int(os.environ.get("RANK", 0)) == 0  # the process that reports
     stale = _other_checkpoints(runs, out, args.batched, done)
     if stale and first:
