@@ -218,13 +218,15 @@ class OrbitMinimum:
     not largest in magnitude) Hessian eigenvalue, ``initial`` the one at ``model``; ``history``
     has one value per evaluated point, ``steps + 1`` per round (the round's start and each
     step; each converged, also with ``method="hvp"``), so ``rounds * (steps + 1)`` in all, and
-    ``sharpness == min(history)``.
+    ``sharpness == min(history)``; ``method`` is the one used, ``"dense"`` or ``"hvp"`` (what
+    ``"auto"`` chose).
     """
 
     sharpness: float
     initial: float
     history: list[float]
     element: GaugeElement
+    method: str
 
 
 def _sym(S: torch.Tensor) -> torch.Tensor:
@@ -291,7 +293,7 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
         history += found.history
         element = found.element @ element
         current = element.act(model)
-    return OrbitMinimum(min(history), history[0], history, element)
+    return OrbitMinimum(min(history), history[0], history, element, method)
 
 
 def _minimise_once(model, loss, inputs, layers, steps, lr, method, max_restarts, rtol,
@@ -356,4 +358,4 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, max_restarts,
          for (p, _), S in zip(layers, best_S[:n])]
         + [VOTransform(torch.linalg.matrix_exp(_sym(S)), target=p)
            for (p, _), S in zip(layers, best_S[n:])])
-    return OrbitMinimum(best, history[0], history, element)
+    return OrbitMinimum(best, history[0], history, element, method)

@@ -161,6 +161,9 @@ def test_hvp_method_agrees_with_dense(problem):
     assert abs(hvp.initial - dense.initial) < 1e-5 * dense.initial
     assert hvp.sharpness < hvp.initial
     assert abs(hvp.sharpness - dense.sharpness) < 0.05 * dense.sharpness
+    assert (dense.method, hvp.method) == ("dense", "hvp")
+    chosen = minimise_over_orbit(model, loss, x, steps=1, rounds=1, dense_limit=1)  # "auto"
+    assert chosen.method == "hvp"
 
 
 def test_orbit_minimisation_errors(problem):
