@@ -325,14 +325,14 @@ def attention_modules(module: nn.Module, *,
                       needed_by: str | None = None) -> list[tuple[str, MultiHeadAttention]]:
     """Every :class:`~gaugebook.attention.MultiHeadAttention` inside ``module`` (itself
     included), with its path; TypeError when there is none and ``needed_by`` names what needs
-    them."""
+    them (``"the charges"``)."""
     layers = [(name, m) for name, m in module.named_modules()
               if isinstance(m, MultiHeadAttention)]
     if not layers and needed_by:
         fused = any(isinstance(m, nn.MultiheadAttention) for m in module.modules())
         raise TypeError(
-            f"{type(module).__name__} contains no MultiHeadAttention (gaugebook.attention), "
-            f"which {needed_by} needs"
+            f"{type(module).__name__} contains no MultiHeadAttention (gaugebook.attention) "
+            f"for {needed_by}"
             + ("; torch.nn.MultiheadAttention keeps its heads' weights fused: build the layer "
                "as gaugebook.attention.MultiHeadAttention, which stores them per head"
                if fused else ""))
