@@ -115,13 +115,13 @@ def test_a_layer_inside_a_gpt_is_balanced_in_place_of_the_model(generator):
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(11, 8, 2, 2, 8)).double()
-    layer = random_element(model, cond=30.0, generator=generator).act(model)
-    g = balancing_element(layer.blocks[1].attn, target="blocks.1.attn")
-    balanced = g.act(layer)
+    moved = random_element(model, cond=30.0, generator=generator).act(model)  # unbalanced
+    g = balancing_element(moved.blocks[1].attn, target="blocks.1.attn")
+    balanced = g.act(moved)
     assert flow_invariants(balanced)["blocks.1.attn"].qk_norm.max() < 1e-10
     assert flow_invariants(balanced)["blocks.0.attn"].qk_norm.min() > 1.0  # untouched
     idx = torch.randint(0, 11, (2, 8), generator=generator)
-    assert (balanced(idx)[0] - layer(idx)[0]).abs().max() < 1e-10
+    assert (balanced(idx)[0] - moved(idx)[0]).abs().max() < 1e-10
 
 
 def test_balanced_point_minimises_the_weight_norm(generator):
