@@ -121,6 +121,40 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("rope_freqs", freqs.to(device), persistent=False)
         self.reset_parameters(generator)
 
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention, *,
+                   causal: bool = True) -> "MultiHeadAttention":
+        r"""The layer of a ``torch.nn.MultiheadAttention`` with its weights stored per head.
+
+        Torch fuses the heads: ``in_proj_weight [3E, E]`` holds the query, key and value rows,
+        head ``h`` at rows :math:`h d_k` to :math:`(h + 1) d_k` of each, and ``out_proj.weight
+        [E, E]`` reads head ``h`` from those columns. Here ``W_Q[h]`` is the transpose of
+        head ``h``'s query rows, ``W_O[h]`` of its output columns, and so on; the biases follow.
+        For ``x [B, T, E]``, ``layer(x)`` equals ``mha(x, x, x, need_weights=False)[0]``
+        (batch-first; sequence-first transposed) with a causal ``attn_mask`` when ``causal``,
+        in eval mode (torch's attention dropout is not carried over). Layers with ``kdim`` or
+        ``vdim`` other than ``E``, ``add_bias_kv`` or ``add_zero_attn`` have no per-head form here
+        and are refused.
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("from_torch needs kdim = vdim = embed_dim, no add_bias_kv and no "
+                             "add_zero_attn")
+        E, H, dk = mha.embed_dim, mha.num_heads, mha.head_dim
+        bias = mha.in_proj_bias is not None
+        w = mha.in_proj_weight.detach()
+        layer = cls(E, H, dk, bias=bias, causal=causal, dtype=w.dtype, device=w.device)
+        with torch.no_grad():
+            W_Q, W_K, W_V = w.view(3, H, dk, E).transpose(-1, -2)  # each (H, E, dk)
+            layer.W_Q.copy_(W_Q), layer.W_K.copy_(W_K), layer.W_V.copy_(W_V)
+            layer.W_O.copy_(mha.out_proj.weight.detach().view(E, H, dk).permute(1, 2, 0))
+            if bias:
+                b_Q, b_K, b_V = mha.in_proj_bias.detach().view(3, H, dk)
+                layer.b_Q.copy_(b_Q), layer.b_K.copy_(b_K), layer.b_V.copy_(b_V)
+                layer.b_O.copy_(mha.out_proj.bias.detach())
+        return layer
+
     def _apply(self, fn, recurse=True):
         r"""Casts and moves (``.to``, ``.half()``, ...) move ``rope_freqs`` but keep its dtype
         (float64): in bfloat16 the angles :math:`t \theta_i` would be wrong already at

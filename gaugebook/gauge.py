@@ -333,8 +333,8 @@ def attention_modules(module: nn.Module, *,
         raise TypeError(
             f"{type(module).__name__} contains no MultiHeadAttention (gaugebook.attention) "
             f"for {needed_by}"
-            + ("; torch.nn.MultiheadAttention keeps its heads' weights fused: build the layer "
-               "as gaugebook.attention.MultiHeadAttention, which stores them per head"
+            + ("; torch.nn.MultiheadAttention keeps its heads' weights fused: convert it with "
+               "gaugebook.attention.MultiHeadAttention.from_torch, which stores them per head"
                if fused else ""))
     return layers
 

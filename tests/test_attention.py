@@ -44,6 +44,39 @@ def test_forward_matches_reference(flavour, dtype, generator):
                                atol=50 * torch.finfo(dtype).eps)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_multihead_attention_converts_to_per_head_weights(bias, causal):
+    """``from_torch`` computes what torch's fused layer computes (with a causal mask when
+    causal), batch-first or sequence-first; the gauge group then acts on it."""
+    from gaugebook.gauge import invariance_error, random_element
+
+    torch.manual_seed(3)
+    for batch_first in (True, False):
+        mha = torch.nn.MultiheadAttention(12, 3, bias=bias, batch_first=batch_first)
+        mha = mha.double().eval()
+        if bias:  # torch starts them at zero
+            with torch.no_grad():
+                mha.in_proj_bias.normal_(), mha.out_proj.bias.normal_()
+        layer = MultiHeadAttention.from_torch(mha, causal=causal)
+        x = torch.randn(2, 5, 12, dtype=torch.float64)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+        xt = x if batch_first else x.transpose(0, 1)
+        ref = mha(xt, xt, xt, need_weights=False, attn_mask=mask if causal else None)[0]
+        ref = ref if batch_first else ref.transpose(0, 1)
+        assert (layer(x) - ref).abs().max() < 1e-13
+    g = random_element(layer, cond=10.0, generator=torch.Generator().manual_seed(1))
+    assert invariance_error(g, layer, x) < 1e-12
+
+
+def test_torch_attention_without_a_per_head_form_is_refused():
+    for options in (dict(kdim=5), dict(add_bias_kv=True), dict(add_zero_attn=True)):
+        with pytest.raises(ValueError, match="from_torch needs kdim = vdim = embed_dim"):
+            MultiHeadAttention.from_torch(torch.nn.MultiheadAttention(12, 3, **options))
+    with pytest.raises(TypeError, match="expected a torch.nn.MultiheadAttention, got Linear"):
+        MultiHeadAttention.from_torch(torch.nn.Linear(3, 3))
+
+
 def test_attention_rows_are_causal_distributions(generator):
     m = MultiHeadAttention(8, 2, 4, dtype=torch.float64, generator=generator)
     A = m.attention_pattern(torch.randn(3, 5, 8, generator=generator, dtype=torch.float64))
