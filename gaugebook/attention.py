@@ -138,7 +138,7 @@ class MultiHeadAttention(nn.Module):
         """
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"expected a torch.nn.MultiheadAttention, got {type(mha).__name__}")
-        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        if mha.in_proj_weight is None or mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("from_torch needs kdim = vdim = embed_dim, no add_bias_kv and no "
                              "add_zero_attn")
         E, H, dk = mha.embed_dim, mha.num_heads, mha.head_dim

@@ -406,16 +406,21 @@ def _train_in_processes(groups, out: Path, device: str, workers: int, *, batched
     return any(p.exitcode for p in procs)
 
 
+class _RunsFailed(RuntimeError):
+    """Runs of this call failed in training (each recorded) or a worker crashed: the command
+    line prints the message alone, while any other error keeps its traceback."""
+
+
 def _report_failures(runs: list[RunConfig], out: Path, crashed: bool = False) -> None:
-    """RuntimeError naming this call's failed runs (their ``.error.json``; a success removes its
-    run's) or a crashed worker."""
+    """:class:`_RunsFailed` (a RuntimeError) naming this call's failed runs (their
+    ``.error.json``; a success removes its run's) or a crashed worker."""
     failed = [cfg.name for cfg in runs if (out / f"{cfg.name}.error.json").exists()]
     if failed:
-        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}; "
+        raise _RunsFailed(f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}; "
                            f"the error and traceback of each are in {out}/<run>.error.json "
                            "(rerun the same command to train them again)")
     if crashed:
-        raise RuntimeError("a worker process crashed (killed, or out of memory?): rerun the "
+        raise _RunsFailed("a worker process crashed (killed, or out of memory?): rerun the "
                            "same command to resume")
 
 
@@ -494,7 +499,7 @@ def main(argv=None) -> None:
         _run(args, runs, out, distributed)
     except RunFileConflict as e:  # a checkpoint met in training: the runs before it are saved
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except RuntimeError as e:  # runs that failed in training; the others are saved
+    except _RunsFailed as e:  # recorded in their error files; the other runs are saved
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     except KeyboardInterrupt:
         print(_interrupted(out), file=sys.stderr)

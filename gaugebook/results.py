@@ -322,7 +322,8 @@ def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss
     if len(values) < last:
         raise ValueError(f"{run.name} recorded {len(values)} evaluations; the statistic needs "
                          f"the last {last}: train with steps >= {last} x eval_every (the preset "
-                         "paper-smoke, a check of the pipeline, records 4: add --set steps=60)")
+                         "paper-smoke, a check of the pipeline, records fewer: add --set "
+                         "steps=60)")
     return float(np.mean(values[-last:]))
 
 

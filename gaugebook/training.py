@@ -591,8 +591,9 @@ def check_runs(runs: list[RunConfig], out: Path, device: str, cuda_graphs: bool 
         raise ValueError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
-    try:
-        torch.empty(1, device=dev)
+    try:  # a CPU always works; CUDA is checked above without a context in this process
+        if dev.type not in ("cpu", "cuda"):
+            torch.empty(1, device=dev)
     except (RuntimeError, AssertionError) as error:  # e.g. mps where torch was built without it
         said = str(error).strip().split(". ")[0] or repr(error)  # torch's first sentence
         raise ValueError(f"--device {device}: torch cannot use it here ({said}); use "
