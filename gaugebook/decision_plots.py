@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import re
 import tempfile
 import time
@@ -26,9 +25,9 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from gaugebook.plots import PALETTE, range_band
-from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, _rounded,
-                               arm_of, common_steps, final_statistic, find_results, load_runs,
-                               pairs_by_seed)
+from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, arm_of,
+                               common_steps, final_statistic, find_results, interval_text,
+                               load_runs, pairs_by_seed, rounded)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
            "recorded_paper_arms", "complete_recorded_runs", "paper_runs", "seed_band",
@@ -339,20 +338,12 @@ def delta_panels(runs: list[Run], *, title: str | None = None):
     return fig
 
 
-def _interval(low: float, high: float) -> str:
-    """``[low, high]`` to three decimals, ``n/a`` when either end is not finite (as
-    :class:`~gaugebook.results.Table` prints a NaN)."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "n/a"
-    return f"[{_rounded(low):+.3f}, {_rounded(high):+.3f}]"
-
-
 def decision_table(decisions: list[Decision], *, caption: str | None = None) -> Table:
     """The rule's outcome, one row per (arm, broken symmetry): the Delta of each seed, their
     mean, the 95% t-interval and whether the rule says breaking helps."""
     seeds = sorted({s for d in decisions for s in d.deltas})
-    rows = [[d.arm, d.symmetry, *(_rounded(d.deltas.get(s)) for s in seeds), _rounded(d.mean),
-             _interval(*d.interval), "helps" if d.helps else "no"] for d in decisions]
+    rows = [[d.arm, d.symmetry, *(rounded(d.deltas.get(s)) for s in seeds), rounded(d.mean),
+             interval_text(d.interval), "helps" if d.helps else "no"] for d in decisions]
     return Table(["arm", "broken", *(f"Δ seed {s}" for s in seeds), "mean Δ",
                   "95% t-interval", "rule"], rows, caption=caption)
 

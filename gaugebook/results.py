@@ -31,7 +31,8 @@ __all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "
            "values_at",
            "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
            "Table", "effects_table",
-           "final_statistic", "statistic_gap", "Decision", "pairs_by_seed", "partner_pairs",
+           "final_statistic", "statistic_gap", "Decision", "rounded", "signed",
+           "interval_text", "pairs_by_seed", "partner_pairs",
            "paired_gaps",
            "decide", "decisions", "probe_standard_error", "PairedProbes", "probe_mcnemar",
            "PuzzleChange", "puzzle_changes",
@@ -354,21 +355,33 @@ class Decision:
 
     def sentence(self) -> str:
         """The verdict in one sentence."""
-        def signed(x):  # a value that rounds to zero prints +0.000, never -0.000
-            return f"{_rounded(x):+.3f}"
-
         per_seed = ", ".join(signed(d) for d in self.deltas.values())
         verdict = "helps" if self.helps else "does not meet the rule for helping"
         return (f"breaking ({self.symmetry}) {verdict} {self.arm} (mean Δ "
-                f"{signed(self.mean)}, 95% t-interval [{signed(self.interval[0])}, "
-                f"{signed(self.interval[1])}], per seed {per_seed})")
+                f"{signed(self.mean)}, 95% t-interval {interval_text(self.interval)}, per seed "
+                f"{per_seed})")
 
 
-def _rounded(value: float | None, digits: int = 3) -> float | None:
+def rounded(value: float | None, digits: int = 3) -> float | None:
     """``value`` rounded to ``digits`` decimals, a value that rounds to zero as ``0.0``, so that
     it prints ``0.000``, never ``-0.000`` (``round(-0.0004, 3)`` is ``-0.0``; adding ``0.0``
     makes it ``0.0``)."""
     return None if value is None else round(value, digits) + 0.0
+
+
+def signed(value: float) -> str:
+    """A Delta as printed in verdicts and tables: ``+0.123`` (three decimals, always signed,
+    ``+0.000`` for a value that rounds to zero), ``n/a`` when it is not finite."""
+    return f"{rounded(value):+.3f}" if math.isfinite(value) else "n/a"
+
+
+def interval_text(interval: tuple[float, float]) -> str:
+    """``[low, high]`` with :func:`signed` ends, ``n/a`` when either end is not finite (one
+    seed has no t-interval)."""
+    low, high = interval
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "n/a"
+    return f"[{signed(low)}, {signed(high)}]"
 
 
 def pairs_by_seed(runs: list[Run], arm: str, symmetry: str) -> dict[int, tuple[Run, Run]]:

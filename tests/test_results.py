@@ -277,6 +277,20 @@ def paper_record(arm, symmetry, seed, final):
     return r
 
 
+def test_deltas_print_signed_and_a_missing_interval_as_na(tmp_path):
+    from gaugebook.results import decide, interval_text, signed
+
+    assert [signed(x) for x in (-0.0004, 0.0004, -0.2, math.nan)] == [
+        "+0.000", "+0.000", "-0.200", "n/a"]
+    assert interval_text((-0.31, 0.0002)) == "[-0.310, +0.000]"
+    assert interval_text((math.nan, 1.0)) == "n/a"
+    two = load_runs(write(tmp_path / "two", *[paper_record("ecd-pt", s, seed, 3.5 - d * (s == "bq"))
+                                              for seed, d in ((0, 0.2), (1, 0.0004))
+                                              for s in ("symmetric", "bq")]))
+    sentence = decide(two, "ecd-pt", "bq").sentence()
+    assert sentence.endswith("per seed -0.200, +0.000)") and "-0.000" not in sentence
+
+
 def test_the_decision_rule_on_synthetic_results(tmp_path):
     from gaugebook.results import decide, decisions, final_statistic
 
