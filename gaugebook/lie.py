@@ -453,10 +453,16 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
 def project(X: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     r"""Orthogonal projection of ``X [..., *shape]`` onto the span of an orthogonal (not
     necessarily normalised) ``basis [k, *shape]``:
-    :math:`\sum_i \langle X, B_i \rangle B_i / \langle B_i, B_i \rangle`."""
+    :math:`\sum_i \langle X, B_i \rangle B_i / \langle B_i, B_i \rangle`; ValueError for a
+    zero element, which spans nothing."""
     B = basis.to(X).flatten(1)  # (k, n)
+    norms = (B * B).sum(1)  # (k,)
+    if not bool((norms > 0).all()):
+        zero = torch.nonzero(norms <= 0).flatten().tolist()
+        raise ValueError(f"basis elements {zero} are zero; drop them (a basis spans with "
+                         "nonzero elements)")
     x = X.reshape(*X.shape[:X.ndim - basis.ndim + 1], -1)  # (..., n)
-    coeffs = (x @ B.T) / (B * B).sum(1)
+    coeffs = (x @ B.T) / norms
     return (coeffs @ B).reshape(X.shape)
 
 

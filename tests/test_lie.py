@@ -75,3 +75,17 @@ def test_attention_terms_default_to_full_rotary_as_the_layer_does():
 def test_rope_frequencies_need_a_positive_finite_base(base):
     with pytest.raises(ValueError, match="positive and finite"):
         rope_frequencies(4, base)
+
+
+def test_project_onto_an_orthogonal_basis_and_refuse_a_zero_element():
+    from gaugebook.lie import project
+
+    basis = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 2.0], [-2.0, 0.0]]],
+                         dtype=torch.float64)  # identity and a rotation generator, orthogonal
+    X = torch.tensor([[3.0, 5.0], [1.0, 7.0]], dtype=torch.float64)
+    # <X, I> / 2 = 5 and <X, J> / 8 = (10 - 2) / 8 = 1: 5 I + 1 J
+    assert torch.allclose(project(X, basis), torch.tensor([[5.0, 2.0], [-2.0, 5.0]],
+                                                          dtype=torch.float64))
+    assert torch.allclose(project(torch.stack([X, 2 * X]), basis)[1], 2 * project(X, basis))
+    with pytest.raises(ValueError, match=r"basis elements \[1\] are zero"):
+        project(X, torch.stack([basis[0], torch.zeros(2, 2, dtype=torch.float64)]))
