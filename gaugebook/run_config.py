@@ -10,7 +10,7 @@ import string
 from dataclasses import dataclass, field
 
 from gaugebook.data import MIN_PROBE_CONTEXT
-from gaugebook.gpt import ACTIVATIONS, GPTConfig
+from gaugebook.gpt import GPTConfig
 from gaugebook.optim import OPTIMIZERS, PROJECTIONS
 
 __all__ = ["RunConfig", "SYMMETRIES", "PARTITIONS", "BATCHABLE_OPTIMIZERS", "EXECUTION_FIELDS",
@@ -124,8 +124,6 @@ class RunConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {sorted(OPTIMIZERS)}")
         if self.symmetry not in SYMMETRIES:
             raise ValueError(f"unknown symmetry {self.symmetry!r}; valid: {sorted(SYMMETRIES)}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {self.activation!r}; valid: {list(ACTIVATIONS)}")
         for key in ("seed", *POSITIVE_INTS):
             value, low = getattr(self, key), 0 if key == "seed" else 1
             if type(value) is not int or value < low:
@@ -135,8 +133,6 @@ class RunConfig:
                              f"probes evaluated after training), got {self.block_size}")
         if not isinstance(self.optimizer_hp, dict):
             raise ValueError(f"optimizer_hp must be a dict, got {self.optimizer_hp!r}")
-        if not _is_real(self.mu_v) or not math.isfinite(self.mu_v):
-            raise ValueError(f"mu_v must be a finite number, got {self.mu_v!r}")
         for key in ("autocast_bf16", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
@@ -147,7 +143,8 @@ class RunConfig:
                 or not set(self.tag) <= TAG_CHARACTERS:
             raise ValueError(f"tag must be a string of at most {MAX_TAG_LENGTH} characters from "
                              f"A-Z a-z 0-9 . _ = -, got {self.tag!r}")
-        self.model_config(vocab_size=2)  # GPTConfig validates the model settings
+        self.model_config(vocab_size=2)  # GPTConfig validates the model settings (activation,
+        # mu_v, the widths)
         self._check_trainer_hp()
 
     def _check_trainer_hp(self) -> None:
