@@ -54,6 +54,7 @@ import torch
 from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 from torch.func import grad, jvp
+from tqdm.auto import tqdm
 
 from gaugebook.attention import math_attention
 from gaugebook.checks import check_finite_tensors, check_number, check_positive_ints
@@ -247,7 +248,8 @@ def _spd_action(params: dict, model: nn.Module, layers, P_qk: dict, P_vo: dict) 
 def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 200,
                         rounds: int = 2, lr: float = 0.1, method: str = "auto",
                         dense_limit: int = 1024, max_restarts: int = 30, rtol: float = 1e-8,
-                        generator: torch.Generator | None = None) -> OrbitMinimum:
+                        generator: torch.Generator | None = None,
+                        progress: bool = False) -> OrbitMinimum:
     r"""Minimise the top Hessian eigenvalue of ``loss(model(*inputs))`` over the gauge orbit.
 
     Searches :math:`P = \exp(S)`, :math:`N = \exp(S')` (:math:`S, S'` symmetric, one per
@@ -269,7 +271,8 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
     :math:`M_0 \cdot \theta` turns the search into one over :math:`M_0 P^2 M_0^\top`), so the
     search restarts ``rounds`` times from the best point so far, with :math:`S = 0` there.
     Returns the best point seen; all attention parameters must be trainable (the gauge action
-    changes them all).
+    changes them all). ``progress``: a tqdm bar over the ``rounds * (steps + 1)`` evaluations,
+    showing the best sharpness so far.
     """
     check_finite_tensors(model, *inputs)
     check_positive_ints(steps=steps, rounds=rounds, max_restarts=max_restarts)
@@ -287,17 +290,19 @@ def minimise_over_orbit(model: nn.Module, loss: Callable, *inputs, steps: int = 
         method = "dense" if n_params <= dense_limit else "hvp"
     model = copy.deepcopy(model).double()  # compose the rounds' actions without rounding
     element, history, current = GaugeElement(), [], model
-    for _ in range(rounds):
-        found = _minimise_once(current, loss, inputs, layers, steps, lr, method, max_restarts,
-                               rtol, generator)
-        history += found.history
-        element = found.element @ element
-        current = element.act(model)
+    with tqdm(total=rounds * (steps + 1), desc=f"orbit minimum ({method})", disable=not progress,
+              leave=False) as bar:
+        for _ in range(rounds):
+            found = _minimise_once(current, loss, inputs, layers, steps, lr, method,
+                                   max_restarts, rtol, generator, bar)
+            history += found.history
+            element = found.element @ element
+            current = element.act(model)
     return OrbitMinimum(min(history), history[0], history, element, method)
 
 
 def _minimise_once(model, loss, inputs, layers, steps, lr, method, max_restarts, rtol,
-                   generator):
+                   generator, bar):
     L = FlatLoss(model, loss, *inputs)
     theta0 = L.theta
     zeros = dict(dtype=DTYPE, device=theta0.device, requires_grad=True)
@@ -345,6 +350,8 @@ def _minimise_once(model, loss, inputs, layers, steps, lr, method, max_restarts,
         history.append(value)
         if best is None or value < best:
             best, best_S = value, [S.detach().clone() for S in variables]
+        bar.update()
+        bar.set_postfix(best=f"{best:.4g}", refresh=False)  # a round starts at the best so far
         if step == steps:
             break
         opt.zero_grad()

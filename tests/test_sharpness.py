@@ -166,6 +166,17 @@ def test_hvp_method_agrees_with_dense(problem):
     assert chosen.method == "hvp"
 
 
+def test_orbit_minimisation_shows_progress_on_request(problem, capsys):
+    model, loss, x = problem
+    quiet = minimise_over_orbit(model, loss, x, steps=3, rounds=2, method="dense")
+    assert capsys.readouterr().err == ""
+    shown = minimise_over_orbit(model, loss, x, steps=3, rounds=2, method="dense",
+                                progress=True)
+    bar = capsys.readouterr().err
+    assert "orbit minimum (dense)" in bar and "/8 " in bar  # rounds * (steps + 1)
+    assert shown.history == quiet.history  # the bar changes nothing
+
+
 def test_orbit_minimisation_errors(problem):
     model, loss, x = problem
     with pytest.raises(ValueError, match="method"):
