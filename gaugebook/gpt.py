@@ -220,9 +220,11 @@ def _host_reads_allowed(t: torch.Tensor) -> bool:
 
 
 class GPT(nn.Module):
-    """GPT-2 language model: ``forward(idx [B, T], targets=None) -> (logits [B, T, V], loss)``."""
+    """GPT-2 language model: ``forward(idx [B, T], targets=None) -> (logits [B, T, V], loss)``.
+    ``generator``: draws the initial parameters (:meth:`reset_parameters`); ``None`` draws from
+    torch's global generator."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, generator: torch.Generator | None = None):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -234,18 +236,19 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: logits are scores against the embeddings
-        self.reset_parameters()
+        self.reset_parameters(generator)
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialisation: weights ``N(0, 0.02^2)``, biases zero, LayerNorm ``(1, 0)``; the
         projections that write into the residual stream (``W_O``, ``mlp.c_proj``) get std
         ``0.02 / sqrt(2 n_layer)`` so that the stream's variance does not grow with depth. Draws
-        from the global generator: seed with ``torch.manual_seed``."""
+        from ``generator`` (on the parameters' device), or from torch's global generator
+        (seed it with ``torch.manual_seed``) when that is ``None``."""
         residual_std = INIT_STD / math.sqrt(2 * self.config.n_layer)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, INIT_STD)
+                nn.init.normal_(module.weight, 0.0, INIT_STD, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
@@ -253,15 +256,17 @@ class GPT(nn.Module):
             elif isinstance(module, PReLU) and self.config.prelu_init == "constant":
                 nn.init.constant_(module.weight, PRELU_CONSTANT)  # nn.PReLU's default slope
             elif isinstance(module, PReLU):
-                nn.init.normal_(module.weight, PRELU_PAPER_MEAN, PRELU_PAPER_STD)
+                nn.init.normal_(module.weight, PRELU_PAPER_MEAN, PRELU_PAPER_STD,
+                                generator=generator)
             elif isinstance(module, MultiHeadAttention):
                 for name, p in module.named_parameters():
                     if name.startswith("b_"):
                         nn.init.zeros_(p)
                     else:
-                        nn.init.normal_(p, 0.0, residual_std if name == "W_O" else INIT_STD)
+                        nn.init.normal_(p, 0.0, residual_std if name == "W_O" else INIT_STD,
+                                        generator=generator)
         for block in self.blocks:
-            nn.init.normal_(block.mlp.c_proj.weight, 0.0, residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, 0.0, residual_std, generator=generator)
 
     def num_params(self) -> int:
         """Number of scalars in the parameters, trainable or not (the tied embedding counted

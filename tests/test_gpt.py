@@ -106,6 +106,24 @@ def test_initialisation_follows_gpt2():
     assert torch.equal(block.ln_2.weight, torch.ones_like(block.ln_2.weight))
 
 
+def test_a_generator_draws_the_same_model_whatever_the_global_seed():
+    cfg = GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, n_embd=8,
+                    activation="prelu", prelu_init="paper")
+
+    def state(seed, global_seed):
+        torch.manual_seed(global_seed)
+        model = GPT(cfg, generator=torch.Generator().manual_seed(seed))
+        return torch.cat([p.flatten() for p in model.parameters()])
+
+    assert torch.equal(state(0, 1), state(0, 2))
+    assert not torch.equal(state(0, 1), state(1, 1))
+    torch.manual_seed(3)
+    default = torch.cat([p.flatten() for p in GPT(cfg).parameters()])
+    assert not torch.equal(default, state(0, 3))  # no generator: the global one, as before
+    torch.manual_seed(3)
+    assert torch.equal(default, torch.cat([p.flatten() for p in GPT(cfg).parameters()]))
+
+
 def test_tied_embeddings_and_parameter_count():
     model = GPT(config(bias=False))
     assert model.lm_head.weight is model.wte.weight
