@@ -448,7 +448,8 @@ def main(argv=None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting for every run, e.g. --set max_wall_s=200 "
                              "(VALUE is read as JSON where it parses, else as a string; the "
-                             "string settings, e.g. tag, are always strings)")
+                             "string settings, e.g. tag, are always strings; mu_v applies to "
+                             "the bqv runs)")
     parser.add_argument("--list", action="store_true",
                         help="list the runs of --preset (or every preset and its parts) and exit")
     args = parser.parse_args(argv)
@@ -463,6 +464,10 @@ def main(argv=None) -> None:
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     try:
         runs = [override(cfg, args.set) for cfg in select_runs(args.preset, args.part)]
+        if any(a.startswith("mu_v=") for a in args.set) and not any(
+                cfg.symmetry == "bqv" for cfg in runs):
+            raise ValueError("--set mu_v: the mean of the value bias is a setting of the bqv "
+                             "runs, and this selection has none")
         check_distinct_names(runs)
         if args.batched:
             cohorts(runs)  # refuses optimizers that do not batch, before any training

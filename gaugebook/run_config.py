@@ -214,7 +214,8 @@ def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
     """A copy of ``cfg`` with ``KEY=VALUE`` assignments applied (unknown keys are an error).
     VALUE is read as JSON where it parses, except for the string settings (``tag=1e-3`` is the
     tag ``"1e-3"``). ``optimizer_hp.KEY=VALUE`` sets one entry of ``optimizer_hp`` and keeps the
-    others."""
+    others. ``mu_v``, the mean of the value bias, is set in ``bqv`` runs only (the others have
+    no value bias), so that one ``--set mu_v=...`` applies to a whole preset."""
     values = dataclasses.asdict(cfg)
     strings = {f.name for f in dataclasses.fields(RunConfig) if f.type == "str"}
     for item in assignments:
@@ -238,4 +239,6 @@ def override(cfg: RunConfig, assignments: list[str]) -> RunConfig:
                              f"{', '.join(sorted(values))})")
         else:
             values[key] = value
+    if values["symmetry"] != "bqv":
+        values["mu_v"] = 0.0
     return RunConfig.from_dict(values)

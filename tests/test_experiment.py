@@ -212,6 +212,16 @@ def test_the_help_shows_the_examples_as_written(capsys):
     assert "cpu or cuda[:i] (default: cuda if available" in " ".join(out.split())
 
 
+def test_mu_v_is_set_in_the_bqv_runs_only(capsys):
+    assert override(tiny(), ["mu_v=0.3"]).mu_v == 0.3  # tiny() is a bqv run
+    assert override(tiny(symmetry="symmetric", mu_v=0.0), ["mu_v=0.3"]).mu_v == 0.0
+    runs = [override(cfg, ["mu_v=0.3"]) for cfg in select_runs("paper-smoke", "seed0-pt")]
+    assert {cfg.symmetry: cfg.mu_v for cfg in runs} == {"symmetric": 0.0, "bq": 0.0, "bqv": 0.3}
+    with pytest.raises(SystemExit):
+        main(["--preset", "cpu-smoke", "--set", "symmetry=bq", "--set", "mu_v=0.3", "--list"])
+    assert "this selection has none" in capsys.readouterr().err
+
+
 def test_unknown_names_list_the_valid_ones(capsys):
     with pytest.raises(ValueError, match="valid presets: .*cpu-smoke"):
         select_runs("gpu-huge")
