@@ -287,6 +287,12 @@ class ECD(Optimizer):
             devices = sorted(str(d) for d in {p.device for p in params})
             raise ValueError("ECD moves all parameters along one unit velocity: put them on one "
                              f"device, got {devices}")
+        strided = [i for i, p in enumerate(params) if not p.is_contiguous()]
+        if strided:
+            raise ValueError(f"ECD updates each parameter through a flat view of its storage: "
+                             f"parameters {strided} (in group order) are not contiguous; make "
+                             "them so first (model.to(memory_format=torch.contiguous_format), "
+                             "or nn.Parameter(w.contiguous()))")
         if self.members is not None:
             wrong = [tuple(p.shape) for p in params if p.ndim == 0 or p.shape[0] != self.members]
             if wrong:
@@ -425,6 +431,7 @@ class ECD(Optimizer):
         lists per step), and the segment lengths of the per-tensor dot products."""
         self._flat, self._layout, self._units = flat, [], None
         params, R = self._params(), self._R
+        self._storage = [p.data_ptr() for p in params]
         for dtype, idx in self._buckets().items():
             for j, rows in zip(idx, self._split(flat[dtype], idx)):
                 self.state[params[j]]["velocity"] = rows.view(params[j].shape)
@@ -450,6 +457,19 @@ class ECD(Optimizer):
                 self._kernels = ecd_kernels.FusedStep(params, self._buckets(), R)
             self._prepare_units(device)
 
+    def _reattach(self, params: list[torch.Tensor]) -> None:
+        """Views of the parameters' new storage, after ``p.data = ...`` (or
+        ``vector_to_parameters``) replaced it since the last step; ValueError when a parameter
+        changed dtype, shape or device, which the velocity cannot follow."""
+        velocities = [self.state[p]["velocity"] for p in params]
+        changed = [i for i, (p, v) in enumerate(zip(params, velocities))
+                   if (p.dtype, p.shape, p.device) != (v.dtype, v.shape, v.device)]
+        if changed:
+            raise ValueError(f"parameters {changed} (in group order) changed dtype, shape or "
+                             "device since ECD's first step; its velocity cannot follow: make "
+                             "a new ECD (or move or cast the model before the first step)")
+        self._attach(self._flat)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
         """One ECD step; ``closure`` (required) recomputes the loss and its gradient."""
@@ -467,6 +487,8 @@ class ECD(Optimizer):
             raise ValueError(f"the closure must return {what}, got shape {tuple(F_loss.shape)}")
         F_loss = _mean_over_ranks(F_loss.reshape(R))
         foreach = self._use_foreach()
+        if self._flat and self._storage != [p.data_ptr() for p in params]:
+            self._reattach(params)
         if not self._flat:  # zero velocity rows until each member's first step sets -g/|g|
             self._attach({dtype: torch.zeros(R, sum(params[j].numel() // R for j in idx),
                                              dtype=dtype, device=params[0].device)

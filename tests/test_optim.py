@@ -901,3 +901,41 @@ def test_a_group_added_to_ecd_is_checked_before_it_is_kept():
     fixed = ECD([a, b], lr=0.1, eta=1.0, F0=-10.0, projection="per_tensor", blocks=[[a, b]])
     with pytest.raises(ValueError, match="blocks partition was fixed"):
         fixed.add_param_group({"params": [torch.randn(2, requires_grad=True)]})
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_ecd_follows_parameters_whose_storage_was_replaced(foreach):
+    # p.data = ... and vector_to_parameters give a parameter new storage; ECD must move that
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    models = [nn.Linear(4, 3).double() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [ECD(m.parameters(), lr=0.05, eta=1.0, F0=-1.0, foreach=foreach) for m in models]
+
+    def step(k):
+        def closure():
+            models[k].zero_grad()
+            loss = models[k](x).square().mean()
+            loss.backward()
+            return loss
+        opts[k].step(closure)
+
+    step(0), step(1)
+    moved = models[0].weight.detach().clone()
+    vector = nn.utils.parameters_to_vector(models[0].parameters()).clone()
+    nn.utils.vector_to_parameters(vector, models[0].parameters())  # new storage, same values
+    for _ in range(3):
+        step(0), step(1)
+    assert not torch.equal(models[0].weight, moved)
+    for p, q in zip(*(m.parameters() for m in models)):
+        assert torch.equal(p, q)  # the same trajectory as the untouched twin
+    x = x.float()
+    for p in models[0].parameters():
+        p.data = p.data.float()
+    with pytest.raises(ValueError, match=r"parameters \[0, 1\] .* changed dtype.* new ECD"):
+        step(0)
+
+
+def test_ecd_refuses_parameters_that_are_not_contiguous():
+    conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"parameters \[0\] .* not contiguous.*contiguous_format"):
+        ECD(conv.parameters(), lr=0.01, eta=1.0, F0=-1.0)

@@ -158,8 +158,8 @@ def test_problems_found_before_training_print_one_clean_line(tmp_path, capsys):
                     "n_head=3")
     assert "not divisible by n_head=3" in err
     err = cli_error(capsys, "--preset", "cpu-smoke", "--out", str(tmp_path / "o"), "--set",
-                    "mu_v=0.5")
-    assert "mu_v" in err
+                    "mu_v=abc")
+    assert "mu_v must be a finite number" in err
     assert not list((tmp_path / "o").glob("*.json"))
 
 
