@@ -237,6 +237,9 @@ class _GroupShift(TranslationFactor):
     def check(self, m):
         if not m.has_bias:
             raise ValueError(f"{type(self).__name__} needs a module with bias=True")
+        if self.t.ndim != 2:  # one shared shift would broadcast over the groups silently
+            raise ValueError(f"{type(self).__name__}: one shift per key/value group, shape "
+                             f"[n_kv_heads, {self.width}], got {tuple(self.t.shape)}")
         _expect(m, type(self).__name__, n_kv_heads=self.t.shape[0],
                 **{self.width: self.t.shape[1]})
 

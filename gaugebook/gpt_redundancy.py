@@ -307,7 +307,13 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
         w = [] if c.rope or c.bias else [1.0 / gpt.ln_f.weight.detach().double()]
         add("embedding_shift", EmbeddingShift, "",
             torch.stack(w) if w else torch.zeros(0, c.n_embd, dtype=torch.float64))
-    return {name: torch.cat(vs, dim=1) for name, vs in cols.items()}
+    directions = {name: torch.cat(vs, dim=1) for name, vs in cols.items()}
+    bad = [name for name, V in directions.items() if not bool(torch.isfinite(V).all())]
+    if bad:  # e.g. gated RoPE's gates at beta = 0, GPT-2's initialisation (LayerNormShift)
+        raise ValueError(f"the directions of {bad} are not finite at these weights, which are "
+                         "not generic (a LayerNorm bias of zero, say); call make_generic_(gpt) "
+                         "first")
+    return directions
 
 
 @torch.no_grad()

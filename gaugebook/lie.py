@@ -414,9 +414,10 @@ def tangent_map(model: nn.Module, family: type[ContinuousFactor], target: str = 
     params = float64_parameters(model, trainable_only=False)  # the action may read frozen ones
     names = list(float64_parameters(model, trainable_only=trainable_only))
     n_params = sum(params[n].numel() for n in names)
+    device = next(iter(params.values())).device
     if len(basis) == 0:
-        return torch.zeros(n_params, 0, dtype=DTYPE)
-    basis = basis.to(DTYPE)
+        return torch.zeros(n_params, 0, dtype=DTYPE, device=device)
+    basis = basis.to(device, DTYPE)
 
     def orbit(X):  # X [*shape] -> exp(X) . theta [n_params]
         moved = GaugeElement([family.near_identity(X, target=target, **options)]).transform(
@@ -441,10 +442,17 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
         params = float64_parameters(module)
         X = torch.zeros(shape, dtype=DTYPE, device=next(iter(params.values())).device,
                         requires_grad=True)
-        moved = family.near_identity(X, **options).transform(params, module)
+        factor = family.near_identity(X, **options)
+        factor.check(module)  # a shape that would broadcast is an error, not a shared matrix
+        moved = factor.transform(params, module)
         missing = sorted(set(moved) - set(momenta))
         if missing:
             raise ValueError(f"{family.__name__} moves {missing}, which have no momentum")
+        wrong = {n: tuple(momenta[n].shape) for n in moved
+                 if momenta[n].shape != params[n].shape}
+        if wrong:
+            raise ValueError(f"each momentum has its parameter's shape; got {wrong} for "
+                             f"{ {n: tuple(params[n].shape) for n in wrong} }")
         p = {n: t.clone() if t.is_inference() else t for n, t in momenta.items()}
         pairing = sum((p[n] * t).sum() for n, t in moved.items())
         return torch.autograd.grad(pairing, X)[0]

@@ -80,7 +80,7 @@ def _unit_directions(n_params: int, k: int, generator) -> torch.Tensor:
 def sketch(model: nn.Module, *inputs, directions: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     r""":math:`J V^\top` ``[n_outputs, k]`` for ``directions`` :math:`V` ``[k, n_params]``: one
     forward-mode product (``torch.func.jvp``) per direction, batched ``chunk`` at a time, in
-    float64."""
+    float64, on the model's device."""
     return _sketch(*parameter_function(model, *inputs), directions, chunk)
 
 
@@ -97,7 +97,7 @@ def _sketch(output, theta: torch.Tensor, directions: torch.Tensor,
 
     columns = []
     with math_attention():
-        for block in directions.double().split(chunk):
+        for block in directions.to(theta.device, torch.float64).split(chunk):  # (drawn on CPU)
             columns.append(vmap(along)(block))  # (chunk, n_outputs)
     return torch.cat(columns).T
 
@@ -110,7 +110,7 @@ def directional_changes(model: nn.Module, *inputs, directions: torch.Tensor) -> 
 
 def _changes(output, theta: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
     Y = _sketch(output, theta, directions)  # (n_outputs, k)
-    return Y.norm(dim=0) / directions.double().norm(dim=1)
+    return Y.norm(dim=0) / directions.to(Y).norm(dim=1)
 
 
 def zero_change_estimate(model: nn.Module, *inputs, n_directions: int, rtol: float = 1e-8,

@@ -72,9 +72,9 @@ def rotation_matrix(position: float, frequencies: torch.Tensor, d_head: int) -> 
     if 2 * half > d_head:
         raise ValueError(f"{half} frequencies rotate {2 * half} coordinates, more than "
                          f"d_head={d_head} (at most d_head / 2 frequencies)")
-    R = torch.eye(d_head, dtype=frequencies.dtype)
+    R = torch.eye(d_head, dtype=frequencies.dtype, device=frequencies.device)
     c, s = torch.cos(position * frequencies), torch.sin(position * frequencies)
-    i = torch.arange(half)
+    i = torch.arange(half, device=frequencies.device)
     R[i, i], R[i + half, i + half] = c, c
     R[i, i + half], R[i + half, i] = s, -s
     return R

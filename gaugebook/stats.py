@@ -23,7 +23,7 @@ def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]
 
     if not (isinstance(level, (int, float)) and 0 < level < 1):
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
-    values = np.asarray(values, dtype=float)
+    values = _finite(np.asarray(values, dtype=float), "values")
     n = len(values)
     if n < 2:
         raise ValueError(f"a t-interval needs at least two values, got {n}")
@@ -63,13 +63,21 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (ra * rb).sum(-1) / np.sqrt((ra ** 2).sum(-1) * (rb ** 2).sum(-1))
 
 
-def _samples(*columns) -> list[np.ndarray]:
-    """The columns as float arrays, checked: 1-D, of one length, at least 4 pairs."""
-    arrays = [np.asarray(c, dtype=float) for c in columns]
+def _finite(values: np.ndarray, name: str) -> np.ndarray:
+    """``values``; ValueError naming the indices of entries that are NaN or infinite."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"{name} must be finite; not at indices {bad.tolist()}")
+    return values
+
+
+def _samples(**columns) -> list[np.ndarray]:
+    """The columns as float arrays, checked: 1-D, of one length, at least 4 pairs, finite."""
+    arrays = [np.asarray(c, dtype=float) for c in columns.values()]
     shapes = [a.shape for a in arrays]
     if len(set(shapes)) > 1 or arrays[0].ndim != 1 or len(arrays[0]) < 4:
         raise ValueError(f"need 1-D samples of equal length >= 4, got shapes {shapes}")
-    return arrays
+    return [_finite(a, name) for name, a in zip(columns, arrays)]
 
 
 def _groups(strata, *columns) -> list[np.ndarray]:
@@ -123,7 +131,7 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
     within each group, so that differences between groups cannot make a correlation. ValueError
     for fewer than 4 pairs, or no group with a rho."""
     check_positive_ints(resamples=resamples)
-    x, y = _samples(x, y)
+    x, y = _samples(x=x, y=y)
     groups = _groups(strata, x, y)
     rng = np.random.default_rng(seed)
 
@@ -153,7 +161,7 @@ def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
     the other not" is no evidence that they differ; an interval of D that excludes 0 is.
     Returns ``(D, (low, high))``."""
     check_positive_ints(resamples=resamples)
-    a, b, y = _samples(a, b, y)
+    a, b, y = _samples(a=a, b=b, y=y)
     groups = _groups(strata, a, b, y)
     rng = np.random.default_rng(seed)
     identity = np.arange(len(y))[None]

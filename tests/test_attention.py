@@ -161,6 +161,10 @@ def test_parameters_and_rope_frequencies_are_made_on_the_device():
     assert m.rope_freqs.device.type == "meta" and m.rope_freqs.dtype == torch.float64
     e = MoE(8, 4, 6, 2, router_bias=True, device="meta")
     assert {p.device.type for p in e.parameters()} == {"meta"}
+    made = m.to_empty(device="cpu")  # materialised: the frequencies are computed there
+    assert torch.equal(made.rope_freqs, rope_frequencies(4, dtype=torch.float64))
+    R = rotation_matrix(2.0, torch.ones(2, device="meta"), 4)
+    assert R.device.type == "meta"  # made where the frequencies are
     with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
         MoE(8, 4, 6, 2, dtype=torch.int64)
 

@@ -201,6 +201,9 @@ def test_bad_arguments():
         LogProbabilities(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="symmetry-breaking"):
         redundant_directions(GPT(config(symmetry_breaking="bq")).eval())
+    at_init = LogProbabilities(GPT(config(n_embd=8, rope="gated")))  # every LayerNorm bias 0
+    with pytest.raises(ValueError, match=r"\['ln_bias'\] are not finite.*make_generic_"):
+        redundant_directions(at_init)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(bias=False, activation="prelu"), dict(n_kv_head=1),

@@ -202,3 +202,38 @@ def test_a_layer_made_on_cuda_equals_the_same_draws_moved_there():
     x = torch.randn(2, 9, 16, device="cuda")
     assert made.rope_freqs.is_cuda and made.rope_freqs.dtype == torch.float64
     assert torch.equal(made(x), moved(x))
+
+
+def test_the_library_measures_a_cuda_model_as_its_cpu_copy():
+    """Directions and bases drawn on the CPU go to the model's device (projection, lie,
+    rope, the probes), so each measurement of a CUDA model equals that of its CPU copy."""
+    from gaugebook.data import WordTokenizer, evaluate_probes
+    from gaugebook.gpt import GPT, GPTConfig
+    from gaugebook.gpt_redundancy import LogProbabilities, make_generic_, redundant_directions
+    from gaugebook.projection import sketched_rank, zero_change_estimate
+    from gaugebook.rope import rope_frequencies, rotation_matrix
+
+    cfg = GPTConfig(vocab_size=12, block_size=8, n_layer=1, n_head=2, n_embd=8, rope="gated")
+    cpu = make_generic_(GPT(cfg).double(), generator=torch.Generator().manual_seed(0))
+    cuda = GPT(cfg).double().cuda()
+    cuda.load_state_dict(cpu.state_dict())
+    idx = torch.arange(8).remainder(12)[None]
+    ranks = [sketched_rank(LogProbabilities(m), idx.to(d), n_columns=40,
+                           generator=torch.Generator().manual_seed(1)).rank
+             for m, d in ((cpu, "cpu"), (cuda, "cuda"))]
+    assert ranks[0] == ranks[1]
+    zeros = [zero_change_estimate(LogProbabilities(m), idx.to(d), n_directions=8,
+                                  generator=torch.Generator().manual_seed(2)).n_zero
+             for m, d in ((cpu, "cpu"), (cuda, "cuda"))]
+    assert zeros[0] == zeros[1]
+    on_cpu, on_cuda = (redundant_directions(LogProbabilities(m)) for m in (cpu, cuda))
+    for term, V in on_cuda.items():
+        assert V.is_cuda, term
+        torch.testing.assert_close(V.cpu(), on_cpu[term])
+    freqs = rope_frequencies(4, dtype=torch.float64)
+    assert torch.equal(rotation_matrix(3.0, freqs.cuda(), 8).cpu(), rotation_matrix(3.0, freqs, 8))
+    tok = WordTokenizer()
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2,
+                          n_embd=8)).cuda()
+    scores = evaluate_probes(model, tok, n_per_task=4)  # prompts go where the model is
+    assert 0 <= scores["mean"]["top1"] <= 1

@@ -89,3 +89,18 @@ def test_project_onto_an_orthogonal_basis_and_refuse_a_zero_element():
     assert torch.allclose(project(torch.stack([X, 2 * X]), basis)[1], 2 * project(X, basis))
     with pytest.raises(ValueError, match=r"basis elements \[1\] are zero"):
         project(X, torch.stack([basis[0], torch.zeros(2, 2, dtype=torch.float64)]))
+
+
+def test_momentum_map_refuses_shapes_that_would_broadcast():
+    from gaugebook.gauge import KeyBiasShift, QKTransform
+    from gaugebook.lie import tangent_map
+
+    m = MultiHeadAttention(6, 2, 3, bias=True, generator=torch.Generator().manual_seed(0))
+    p = {n: torch.randn(t.shape, dtype=torch.float64) for n, t in m.named_parameters()}
+    assert momentum_map(m, QKTransform, p).shape == (2, 3, 3)  # one matrix per group
+    with pytest.raises(ValueError, match=r"one matrix per key/value group.*got \(3, 3\)"):
+        momentum_map(m, QKTransform, p, shape=(3, 3))
+    with pytest.raises(ValueError, match=r"its parameter's shape; got \{'W_Q': \(6, 3\)\}"):
+        momentum_map(m, QKTransform, dict(p, W_Q=p["W_Q"][0]))
+    with pytest.raises(ValueError, match=r"one shift per key/value group.*got \(3,\)"):
+        tangent_map(m, KeyBiasShift, basis=torch.zeros(2, 3))

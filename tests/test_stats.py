@@ -96,3 +96,10 @@ def test_bad_settings_are_named():
         rank_correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], resamples=0)
     with pytest.raises(ValueError, match="resamples must be a positive integer, got 2.5"):
         rank_correlation_difference([1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 4], resamples=2.5)
+    nan = float("nan")
+    with pytest.raises(ValueError, match=r"values must be finite; not at indices \[2\]"):
+        t_interval([1.0, 2.0, nan])  # was (nan, (nan, nan))
+    with pytest.raises(ValueError, match=r"y must be finite; not at indices \[5\]"):
+        rank_correlation([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, nan], resamples=99)
+    with pytest.raises(ValueError, match=r"b must be finite; not at indices \[0, 3\]"):
+        rank_correlation_difference([1, 2, 3, 4], [nan, 3, 2, float("inf")], [1, 2, 3, 4])

@@ -13,7 +13,7 @@ __all__ = ["evaluate_probes"]
 
 @torch.no_grad()
 def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_task: int = 64,
-                    device="cpu", context: int | None = None, seed: int = 0,
+                    device=None, context: int | None = None, seed: int = 0,
                     batch_size: int = 64) -> dict[str, dict[str, float]]:
     """Score ``model`` on fresh instances of the 14 logic-puzzle tasks.
 
@@ -23,7 +23,8 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
     task also gives ``"correct"``, its instances' top-1 hits in order as a string of 0s and 1s
     (for a paired test of two models on the same instances,
     :func:`gaugebook.results.probe_mcnemar`). ``context`` defaults to
-    ``model.config.block_size``.
+    ``model.config.block_size``, ``device`` (where the prompts go) to that of the model's first
+    parameter.
     """
     if not isinstance(tokenizer, WordTokenizer):
         raise ValueError(f"the probes are written in the default corpus' words: pass a "
@@ -36,6 +37,8 @@ def evaluate_probes(model: torch.nn.Module, tokenizer: WordTokenizer, *, n_per_t
     if vocab is not None and vocab < tokenizer.vocab_size:  # before a forward pass fails on it
         raise ValueError(f"the model's vocabulary has {vocab} tokens, the probes' tokenizer "
                          f"{tokenizer.vocab_size}: score a model trained on the default corpus")
+    if device is None:
+        device = next(model.parameters(), torch.empty(0)).device
     corpus = DefaultCorpus(tokenizer=tokenizer)
     scores = {}
     with eval_mode(model):
