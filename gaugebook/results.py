@@ -29,7 +29,8 @@ from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_dif
 
 __all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps",
            "values_at",
-           "breaking_effects", "seed_summary", "provenance_summary", "with_math", "TEX_MACROS",
+           "breaking_effects", "activation_contrast", "seed_summary", "provenance_summary",
+           "with_math", "TEX_MACROS",
            "Table", "effects_table",
            "final_statistic", "statistic_gap", "Decision", "rounded", "signed",
            "interval_text", "pairs_by_seed", "partner_pairs",
@@ -294,6 +295,29 @@ def breaking_effects(runs: list[Run], key: str = "val_loss", *,
                         symmetry=run.symmetry, step=at, baseline_value=base, value=value,
                         delta=value - base))
     return sorted(out, key=lambda d: (d["arm"], d["activation"], d["symmetry"], d["seed"]))
+
+
+def activation_contrast(runs: list[Run], arm: str, symmetry: str = "bqv",
+                        key: str = "val_loss") -> dict:
+    """How much more breaking helps PReLU than GELU in one seed of ``arm``: the
+    :func:`breaking_effects` of ``symmetry`` for each activation, both taken at the largest step
+    that all four runs (broken and symmetric, PReLU and GELU) recorded, and ``contrast`` =
+    Delta(PReLU) - Delta(GELU). Returns ``{step, prelu, gelu, contrast}`` (``prelu`` and
+    ``gelu``: the two effect records); ValueError unless ``runs`` hold exactly those four runs
+    of ``arm`` (select one seed first)."""
+    four = [r for r in runs if r.arm == arm and r.symmetry in (symmetry, BASELINE)]
+    cells = sorted((r.activation, r.symmetry) for r in four)
+    wanted = sorted((a, s) for a in ("gelu", "prelu") for s in (symmetry, BASELINE))
+    if cells != wanted:
+        raise ValueError(f"{arm}: the contrast needs one run of each activation (gelu, prelu) "
+                         f"and symmetry ({symmetry}, {BASELINE}), got {cells} (select one seed "
+                         "first)")
+    shared = common_steps(four)
+    if not shared:
+        raise ValueError(f"the four {arm} runs share no recorded step")
+    effects = {e["activation"]: e for e in breaking_effects(four, key, step=shared[-1])}
+    return dict(step=shared[-1], prelu=effects["prelu"], gelu=effects["gelu"],
+                contrast=effects["prelu"]["delta"] - effects["gelu"]["delta"])
 
 
 def seed_summary(records: list[dict], by=("arm", "activation", "symmetry"),

@@ -265,6 +265,23 @@ def test_find_results_falls_back_to_the_copy_installed_with_the_package(tmp_path
 
 # ---------- the pre-registered decision rule (preset `paper`) ----------
 
+def test_activation_contrast_takes_both_effects_at_a_step_all_four_runs_share(tmp_path):
+    from gaugebook.results import activation_contrast
+
+    runs = load_runs(write(
+        tmp_path / "four",
+        record("adamw", "symmetric", [100, 200, 300]),
+        record("adamw", "bqv", [100, 200, 300], offset=-0.2),
+        record("adamw", "symmetric", [100, 200, 300, 400], activation="gelu"),
+        record("adamw", "bqv", [100, 200, 300, 400], activation="gelu", offset=-0.05)))
+    c = activation_contrast(runs, "adamw")
+    assert c["step"] == 300 and c["gelu"]["step"] == 300  # not the GELU pair's own 400
+    assert c["contrast"] == pytest.approx(-0.2 - (-0.05))
+    assert c["prelu"]["delta"] == pytest.approx(-0.2)
+    with pytest.raises(ValueError, match=r"one run of each activation.*select one seed"):
+        activation_contrast(runs[:3], "adamw")
+
+
 def paper_record(arm, symmetry, seed, final):
     """A run of ``arm`` whose last 5 evaluations average ``final`` (earlier ones higher)."""
     optimizer, _, tag = arm.partition("-")
