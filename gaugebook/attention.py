@@ -158,11 +158,13 @@ class MultiHeadAttention(nn.Module):
     def _apply(self, fn, recurse=True):
         r"""Casts and moves (``.to``, ``.half()``, ``.to_empty()``, ...) move ``rope_freqs`` but
         keep its dtype (float64): in bfloat16 the angles :math:`t \theta_i` would be wrong
-        already at :math:`t = 257`. The buffer is computed again on its new device (a layer
-        made on ``meta`` has no values to copy)."""
+        already at :math:`t = 257`. A layer made on ``meta`` has no values to move: its
+        frequencies are computed again from ``rope_base`` (set frequencies are kept otherwise)."""
+        freqs = self.rope_freqs if self.rope else None
         super()._apply(fn, recurse)
-        if self.rope:
-            freqs = rope_frequencies(self.rotary_dim, self.rope_base, dtype=torch.float64)
+        if freqs is not None:
+            if freqs.is_meta:
+                freqs = rope_frequencies(self.rotary_dim, self.rope_base, dtype=torch.float64)
             self.rope_freqs = freqs.to(self.rope_freqs.device)
         return self
 

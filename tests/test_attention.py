@@ -163,6 +163,9 @@ def test_parameters_and_rope_frequencies_are_made_on_the_device():
     assert {p.device.type for p in e.parameters()} == {"meta"}
     made = m.to_empty(device="cpu")  # materialised: the frequencies are computed there
     assert torch.equal(made.rope_freqs, rope_frequencies(4, dtype=torch.float64))
+    chosen = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    made.rope_freqs = chosen  # frequencies a user set survive casts and moves
+    assert torch.equal(made.float().to("cpu").rope_freqs, chosen)
     R = rotation_matrix(2.0, torch.ones(2, device="meta"), 4)
     assert R.device.type == "meta"  # made where the frequencies are
     with pytest.raises(ValueError, match="dtype must be a floating-point dtype, got torch.int64"):
