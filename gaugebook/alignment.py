@@ -234,9 +234,9 @@ def align_mlp(mlp_a: nn.Module, mlp_b: nn.Module) -> torch.Tensor:
 
 
 def permute_mlp(mlp: nn.Module, perm: torch.Tensor) -> None:
-    """Permute the hidden units of ``mlp`` in place (unit ``i`` becomes unit ``perm[i]``;
-    :class:`~gaugebook.gpt_gauge.HiddenPermutation`); the function is unchanged because the
-    activation acts unit by unit."""
+    """Permute the hidden units of ``mlp`` in place: unit ``i`` of the result is unit
+    ``perm[i]`` of the input (:class:`~gaugebook.gpt_gauge.HiddenPermutation`); the function is
+    unchanged because the activation acts unit by unit."""
     factor = HiddenPermutation(perm)
     factor.apply_(factor.resolve(mlp))
 
@@ -362,12 +362,12 @@ def loss_barrier(ts: Sequence[float], losses: Sequence[float]) -> float:
 class SampledAlignment:
     """Result of :func:`sample_align`."""
 
-    model: nn.Module  # the closest transformed copy of model_b
-    distance: float  # |theta_a - best(theta_b)|
-    initial_distance: float  # |theta_a - theta_b|
+    model: nn.Module  #: the closest transformed copy of model_b
+    distance: float  #: ``|theta_a - best(theta_b)|``
+    initial_distance: float  #: ``|theta_a - theta_b|``
     n_samples: int
     seconds: float
-    distances: list[float]  # |theta_a - tau(theta_b)| of every sample, in order
+    distances: list[float]  #: ``|theta_a - tau(theta_b)|`` of every sample, in order
 
 
 def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, *,

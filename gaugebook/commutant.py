@@ -33,10 +33,10 @@ __all__ = ["Commutant", "commutant", "commutator_map"]
 class Commutant:
     """Result of :func:`commutant`."""
 
-    basis: torch.Tensor  # [dimension, d, d], orthonormal for <X, Y> = tr(X^T Y)
-    singular_values: torch.Tensor  # of the commutator map, descending, float64
+    basis: torch.Tensor  #: [dimension, d, d], orthonormal for <X, Y> = tr(X^T Y)
+    singular_values: torch.Tensor  #: of the commutator map, descending, float64
     tolerance: float
-    gap: float  # last kept over first dropped singular value; inf when nothing is dropped
+    gap: float  #: last kept over first dropped singular value; inf when nothing is dropped
 
     @property
     def dimension(self) -> int:

@@ -159,7 +159,7 @@ class QKTransform(_FactorPair):
     r""":math:`W_Q \to W_Q M`, :math:`W_K \to W_K M^{-\top}` per key/value group (biases alike):
     the pair :math:`X = [W_Q; b_Q]` (the group's query heads), :math:`Y = [W_K; b_K]`."""
 
-    M: torch.Tensor  # [n_kv, d_head, d_head]
+    M: torch.Tensor  #: [n_kv, d_head, d_head]
     width: ClassVar = "d_head"
     sides: ClassVar = {"W_Q": ("X", True), "b_Q": ("X", True), "W_K": ("Y", False),
                        "b_K": ("Y", False)}
@@ -176,7 +176,7 @@ class VOTransform(_FactorPair):
     r""":math:`W_V \to W_V N`, :math:`b_V \to b_V N`, :math:`W_O \to N^{-1} W_O` per key/value
     group: the pair :math:`X = [W_V; b_V]`, :math:`Y = W_O^\top` (the group's output matrices)."""
 
-    N: torch.Tensor  # [n_kv, d_value, d_value]
+    N: torch.Tensor  #: [n_kv, d_value, d_value]
     width: ClassVar = "d_value"
     sides: ClassVar = {"W_V": ("X", False), "b_V": ("X", False), "W_O": ("Y^T", True)}
 
@@ -191,7 +191,7 @@ class VOTransform(_FactorPair):
 class HeadPermutation(PermutationFactor):
     """Relabel heads: head ``i`` of the result is head ``perm[i]`` of the input."""
 
-    perm: torch.Tensor  # [n_heads], a permutation
+    perm: torch.Tensor  #: [n_heads], a permutation
     acts_on: ClassVar = MultiHeadAttention
 
     def kv_permutation(self, group_size: int) -> torch.Tensor:
@@ -261,7 +261,7 @@ class KeyBiasShift(_GroupShift):
     cancels in the softmax, so a symmetry on the coordinates that RoPE does not rotate (all
     without RoPE)."""
 
-    t: torch.Tensor  # [n_kv, d_head]
+    t: torch.Tensor  #: [n_kv, d_head]
     width: ClassVar = "d_head"
 
     def transform(self, params, m):
@@ -282,7 +282,7 @@ class ValueBiasShift(_GroupShift):
     r""":math:`b_V \to b_V + t`, :math:`b_O \to b_O - \sum_h t_{g(h)} W_O^{(h)}`: attention rows
     sum to one, so a value bias is a constant output shift that :math:`b_O` takes back."""
 
-    t: torch.Tensor  # [n_kv, d_value]
+    t: torch.Tensor  #: [n_kv, d_value]
     width: ClassVar = "d_value"
 
     def transform(self, params, m):
@@ -413,7 +413,8 @@ def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
 
 
 def random_attention_factors(m: MultiHeadAttention, cond: float,
-                             generator: torch.Generator | None = None):
+                             generator: torch.Generator | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(M [n_kv, d_head, d_head], N [n_kv, d_v, d_v], perm [H])``: the parameters of a random
     :class:`QKTransform`, :class:`VOTransform` and :class:`HeadPermutation` of ``m``, drawn in
     that order from ``generator`` (CPU, float64): each matrix with condition number ``cond``

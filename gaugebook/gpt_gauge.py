@@ -83,7 +83,7 @@ class LayerNormScale(ScalingFactor):
     r""":math:`\gamma, \beta \to s \odot \gamma, s \odot \beta` (per feature) and row :math:`i` of
     every reader over :math:`s_i`; :math:`s` has no zero entry."""
 
-    s: torch.Tensor  # [D]
+    s: torch.Tensor  #: [D]
     which: str = "ln_1"
     acts_on: ClassVar = Block
     positive: ClassVar = False  # a negative gain with negated reader rows is a symmetry too
@@ -116,7 +116,7 @@ class LayerNormShift(TranslationFactor):
     \beta' \cdot (1/\gamma)` for every token (:math:`n \cdot \mathbf{1} = 0`). Defined where
     :math:`\beta' \cdot 1/\gamma \neq 0`, which holds at generic weights."""
 
-    delta: torch.Tensor  # [D]
+    delta: torch.Tensor  #: [D]
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
@@ -167,7 +167,7 @@ class ReaderCentring(TranslationFactor):
     can take it (all of them without a LayerNorm bias, else those with a bias), in order, each
     flattened row-major (``[n, c]`` for per-head weights)."""
 
-    u: torch.Tensor  # [columns]
+    u: torch.Tensor  #: [columns]
     which: str = "ln_1"
     acts_on: ClassVar = Block
 
@@ -223,7 +223,7 @@ class ResidualCentring(TranslationFactor):
     order of the writers, each flattened row-major. Invisible inside a GPT, where every reader of
     the residual stream is a LayerNorm."""
 
-    c: torch.Tensor  # [H dv + 4D + 2b]
+    c: torch.Tensor  #: [H dv + 4D + 2b]
     acts_on: ClassVar = Block
 
     @classmethod
@@ -253,7 +253,7 @@ class HiddenRescaling(ScalingFactor):
     weights over :math:`s_j` (:math:`\operatorname{PReLU}(sz) = s \operatorname{PReLU}(z)` for
     :math:`s > 0`)."""
 
-    s: torch.Tensor  # [4D]
+    s: torch.Tensor  #: [4D]
     acts_on: ClassVar = MLP
 
     @classmethod
@@ -284,7 +284,7 @@ class HiddenPermutation(PermutationFactor):
     """Relabel the MLP's hidden units: unit ``i`` of the result is unit ``perm[i]`` (the
     activation acts unit by unit)."""
 
-    perm: torch.Tensor  # [4D]
+    perm: torch.Tensor  #: [4D]
     acts_on: ClassVar = MLP
 
     @classmethod
@@ -334,7 +334,7 @@ class ResidualPermutation(_PerResidualFeature, PermutationFactor):
     writes the stream (LayerNorm statistics and the tied unembedding are permutation
     invariant)."""
 
-    perm: torch.Tensor  # [D]
+    perm: torch.Tensor  #: [D]
 
     def transform(self, params, model):
         """Every tensor's residual-feature axis (:func:`residual_axes`) in the order ``perm``."""
@@ -348,7 +348,7 @@ class PositionCentring(TranslationFactor):
     r""":math:`W_\text{pos}[t] \to W_\text{pos}[t] + c_t \mathbf{1}` (``wpe``): the first LayerNorm
     of every block removes it, and so does every later one (learned positions only)."""
 
-    c: torch.Tensor  # [block_size]
+    c: torch.Tensor  #: [block_size]
     acts_on: ClassVar = GPT
 
     @classmethod
@@ -372,7 +372,7 @@ class EmbeddingShift(_PerResidualFeature, TranslationFactor):
     log-softmax removes. With RoPE (no ``wpe``) only :math:`w` along :math:`\mathbf{1}` is
     invisible at the input (the LayerNorms remove it)."""
 
-    w: torch.Tensor  # [D]
+    w: torch.Tensor  #: [D]
 
     def check(self, model):
         """The shape check, and with RoPE (no ``wpe``) ValueError unless ``w`` is constant."""
@@ -423,7 +423,7 @@ class StreamScaling(ScalingFactor):
     the output changes at first order by a sum of such terms, one per LayerNorm and position
     (chapter 6, near-symmetries)."""
 
-    s: torch.Tensor  # [1]
+    s: torch.Tensor  #: [1]
     acts_on: ClassVar = GPT
 
     @classmethod

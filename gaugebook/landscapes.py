@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ from gaugebook.optim import ecd_dt, ecd_kappa
 
 __all__ = ["rosenbrock", "multiwell", "sombrero", "angular_momentum", "leapfrog",
            "explicit_euler", "gradient_descent", "ECDPath", "ecd_path",
-           "optimizer_path"]
+           "OptimizerPath", "optimizer_path"]
 
 Tensors = list[torch.Tensor]
 Gradient = Callable[[Tensors, int], Tensors]
@@ -218,14 +218,20 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
     return ECDPath(torch.stack(xs), torch.stack(vs), torch.tensor(Fs, dtype=torch.float64))
 
 
+class OptimizerPath(NamedTuple):
+    """Iterates of :func:`optimizer_path`; unpacks as ``(x, F)``."""
+
+    x: torch.Tensor  #: [steps + 1, d] the iterates, float64
+    F: torch.Tensor  #: [steps] the loss seen at each step, float64
+
+
 def optimizer_path(F: Callable[[torch.Tensor], torch.Tensor], x0,
                    make_optimizer: Callable[[Sequence[torch.nn.Parameter]], torch.optim.Optimizer],
-                   steps: int, *, shifts: torch.Tensor | None = None) -> tuple[torch.Tensor,
-                                                                                torch.Tensor]:
+                   steps: int, *, shifts: torch.Tensor | None = None) -> OptimizerPath:
     """Run a ``torch.optim`` optimizer on the point ``x0`` for ``steps`` steps (through a closure,
-    so ECD works too). Returns the iterates ``[steps + 1, d]`` and the losses ``[steps]`` seen at
-    each step (float64); ``shifts [steps, d]`` moves the landscape at each step as in
-    :func:`ecd_path`."""
+    so ECD works too). Returns the iterates and the losses seen at each step
+    (:class:`OptimizerPath`, as :func:`ecd_path` returns an :class:`ECDPath`); ``shifts [steps,
+    d]`` moves the landscape at each step as in :func:`ecd_path`."""
     point = torch.nn.Parameter(torch.as_tensor(x0, dtype=torch.float64).clone())
     _check_steps(steps, shifts, point.numel())
     opt = make_optimizer([point])
@@ -240,4 +246,4 @@ def optimizer_path(F: Callable[[torch.Tensor], torch.Tensor], x0,
         loss = opt.step(closure)
         Fs.append(float(loss.detach() if torch.is_tensor(loss) else loss))
         xs.append(point.detach().clone())
-    return torch.stack(xs), torch.tensor(Fs, dtype=torch.float64)
+    return OptimizerPath(torch.stack(xs), torch.tensor(Fs, dtype=torch.float64))

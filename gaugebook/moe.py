@@ -67,11 +67,11 @@ class MoEOutput(NamedTuple):
     """What :meth:`MoE.forward` returns; ``output`` comes first, so that tools which take the first
     element of a tuple (``invariance_error``, ``redundancy``) see the layer's output."""
 
-    output: torch.Tensor  # [..., D]
-    indices: torch.Tensor  # [..., k] chosen experts, most probable first
-    weights: torch.Tensor  # [..., k] their gates
-    probs: torch.Tensor  # [..., E] router probabilities
-    aux_loss: torch.Tensor  # [] load-balancing loss over all tokens of the call
+    output: torch.Tensor  #: [..., D]
+    indices: torch.Tensor  #: [..., k] chosen experts, most probable first
+    weights: torch.Tensor  #: [..., k] their gates
+    probs: torch.Tensor  #: [..., E] router probabilities
+    aux_loss: torch.Tensor  #: [] load-balancing loss over all tokens of the call
 
 
 def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -239,7 +239,7 @@ class ExpertPermutation(PermutationFactor):
     """Expert ``i`` of the result is expert ``perm[i]``; the router's columns (and bias
     entries) move with their experts."""
 
-    perm: torch.Tensor  # [E]
+    perm: torch.Tensor  #: [E]
     acts_on: ClassVar = MoE
 
     @classmethod
@@ -266,7 +266,7 @@ class RouterShift(TranslationFactor):
     every logit of a token moves by :math:`x \cdot c + s`, which the softmax, the top-k choice and
     the gates ignore. ``shift = [c, s]`` (``[D + 1]``; ``[D]`` without a router bias)."""
 
-    shift: torch.Tensor  # [D + b]
+    shift: torch.Tensor  #: [D + b]
     acts_on: ClassVar = MoE
     shape_doc: ClassVar = "[d_model + router_bias]"
 
@@ -291,7 +291,7 @@ class ExpertRescaling(ScalingFactor):
     :math:`1 / a_{ej}` (:math:`\operatorname{relu}(az) = a \operatorname{relu}(z)`): a symmetry of
     ReLU experts only."""
 
-    a: torch.Tensor  # [E, d_hidden]
+    a: torch.Tensor  #: [E, d_hidden]
     acts_on: ClassVar = MoE
     shape_doc: ClassVar = "[n_experts, d_hidden]"
 
@@ -320,7 +320,7 @@ class ExpertHiddenPermutation(PermutationFactor):
     """Relabel hidden units inside each expert: unit ``j`` of expert ``e`` in the result is unit
     ``perm[e, j]``."""
 
-    perm: torch.Tensor  # [E, d_hidden]
+    perm: torch.Tensor  #: [E, d_hidden]
     acts_on: ClassVar = MoE
 
     @classmethod

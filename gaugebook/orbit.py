@@ -77,11 +77,11 @@ def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
 class OrbitDimension:
     """Result of :func:`orbit_dimension`: ``orbit = lie - stabiliser``."""
 
-    lie: int  # dimension of the continuous gauge group (its Lie algebra)
-    orbit: int  # rank of the tangent map
-    stabiliser: int  # lie - orbit
-    singular_values: torch.Tensor  # of the tangent map, descending
-    gap: float  # last kept over first dropped singular value (inf when none is dropped)
+    lie: int  #: dimension of the continuous gauge group (its Lie algebra)
+    orbit: int  #: rank of the tangent map
+    stabiliser: int  #: lie - orbit
+    singular_values: torch.Tensor  #: of the tangent map, descending
+    gap: float  #: last kept over first dropped singular value (inf when none is dropped)
 
     @property
     def free(self) -> bool:

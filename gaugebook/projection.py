@@ -42,7 +42,7 @@ class ZeroChangeEstimate:
 
     n_params: int
     n_directions: int
-    changes: torch.Tensor  # [k] |J v_i| for unit directions v_i
+    changes: torch.Tensor  #: [k] ``|J v_i|`` for unit directions v_i
     threshold: float
     n_zero: int
     estimate: float
@@ -56,7 +56,7 @@ class SketchedRank:
     n_params: int
     n_columns: int
     rank: int
-    singular_values: torch.Tensor  # of Y, descending
+    singular_values: torch.Tensor  #: of Y, descending
     tolerance: float
     gap: float
 

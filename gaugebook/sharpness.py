@@ -109,7 +109,7 @@ class TopEigen:
     value: float
     vector: torch.Tensor
     iterations: int
-    residual: float  # |H v - value v| / |value|
+    residual: float  #: ``|H v - value v| / |value|``
 
 
 def _power_iteration(apply: Callable, v: torch.Tensor, max_iter: int, rtol: float) -> TopEigen:

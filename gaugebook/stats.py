@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from gaugebook.checks import check_positive_ints
 
 __all__ = ["t_interval", "Correlation", "centred_by", "rank_correlation",
-           "rank_correlation_difference", "rank_correlation_power"]
+           "CorrelationDifference", "rank_correlation_difference", "rank_correlation_power"]
 
 
 def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
@@ -152,14 +153,21 @@ def rank_correlation(x, y, *, strata=None, resamples: int = 9999, seed: int = 0)
                        sum(len(g) for g in groups), strata=len(groups))
 
 
+class CorrelationDifference(NamedTuple):
+    """What :func:`rank_correlation_difference` returns; unpacks as ``(D, (low, high))``."""
+
+    value: float  #: D = rho(a, y) - rho(b, y)
+    interval: tuple[float, float]  #: its 95% percentile bootstrap interval
+
+
 def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
-                                seed: int = 0) -> tuple[float, tuple[float, float]]:
+                                seed: int = 0) -> CorrelationDifference:
     """Which of two predictors ranks ``y`` better: ``D = rho(a, y) - rho(b, y)``, each rho as
     :func:`rank_correlation` computes it (within ``strata`` groups, size-weighted), and a 95%
     percentile bootstrap interval of D from the same resampled pairs for both (within each
     group). A predictor expected to correlate negatively enters negated. "One rho significant,
     the other not" is no evidence that they differ; an interval of D that excludes 0 is.
-    Returns ``(D, (low, high))``."""
+    Returns a :class:`CorrelationDifference`, ``(D, (low, high))``."""
     check_positive_ints(resamples=resamples)
     a, b, y = _samples(a=a, b=b, y=y)
     groups = _groups(strata, a, b, y)
@@ -173,23 +181,27 @@ def rank_correlation_difference(a, b, y, *, strata=None, resamples: int = 9999,
         return _weighted_rho(a, y, groups, ix, ix) - _weighted_rho(b, y, groups, ix, ix)
 
     low, high = np.nanpercentile(difference(resampled), [2.5, 97.5])
-    return float(difference(identity)[0]), (float(low), float(high))
+    return CorrelationDifference(float(difference(identity)[0]), (float(low), float(high)))
 
 
-def rank_correlation_power(strata, rho: float, *, level: float = 0.05, draws: int = 400,
+def rank_correlation_power(strata, rho: float, *, alpha: float = 0.05, draws: int = 400,
                            resamples: int = 999, seed: int = 0) -> float:
     """The power of :func:`rank_correlation`'s test: the share of ``draws`` simulated experiments
-    whose p-value is below ``level`` when the true rank correlation is ``rho``. ``strata`` [n]
+    whose p-value is below ``alpha`` (the significance level) when the true rank correlation is
+    ``rho``. ``strata`` [n]
     gives each pair's group, as for :func:`rank_correlation` (``[0] * n`` for n pairs without
     groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
     value whose Spearman correlation is ``rho``."""
     if not -1 <= rho <= 1:
         raise ValueError(f"rho must lie in [-1, 1], got {rho}")
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha (the significance level) must lie strictly between 0 and 1, "
+                         f"got {alpha!r}")
     strata = list(strata)
     r = 2 * math.sin(math.pi * rho / 6)
     rng = np.random.default_rng(seed)
     hits = 0
     for k in range(draws):
         x, y = rng.multivariate_normal([0, 0], [[1, r], [r, 1]], len(strata)).T
-        hits += rank_correlation(x, y, strata=strata, resamples=resamples, seed=k).p < level
+        hits += rank_correlation(x, y, strata=strata, resamples=resamples, seed=k).p < alpha
     return hits / draws

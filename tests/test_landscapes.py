@@ -204,6 +204,9 @@ def test_optimizer_path_with_gradient_descent():
     xs, losses = optimizer_path(lambda x: 0.5 * (x * x).sum(), [1.0, -2.0],
                                 lambda p: torch.optim.SGD(p, lr=0.1), 5)
     assert xs.shape == (6, 2) and losses.shape == (5,)
+    path = optimizer_path(lambda x: 0.5 * (x * x).sum(), [1.0, -2.0],
+                          lambda p: torch.optim.SGD(p, lr=0.1), 5)
+    assert torch.equal(path.x, xs) and torch.equal(path.F, losses)  # as ecd_path's fields
     assert torch.allclose(xs[-1], torch.tensor([1.0, -2.0], dtype=F64) * 0.9**5)
     assert losses[0] == pytest.approx(2.5)
     with warnings.catch_warnings():

@@ -72,8 +72,8 @@ def test_rank_correlation_difference_ranks_two_predictors():
     D, (low, high) = rank_correlation_difference(twin_a, twin_b, y, resamples=999)
     assert low < 0 < high and abs(D) < 0.3
     strata = ["a"] * 20 + ["b"] * 20
-    D_within, _ = rank_correlation_difference(good, noise, y, strata=strata, resamples=99)
-    assert D_within > 0.5
+    within = rank_correlation_difference(good, noise, y, strata=strata, resamples=99)
+    assert within.value > 0.5 and within.interval[0] < within.value  # named fields too
     with pytest.raises(ValueError, match="equal length"):
         rank_correlation_difference(good, noise[:-1], y)
 
@@ -88,12 +88,15 @@ def test_centred_takes_out_each_groups_mean():
 
 
 def test_bad_settings_are_named():
-    from gaugebook.stats import rank_correlation, rank_correlation_difference, t_interval
+    from gaugebook.stats import (rank_correlation, rank_correlation_difference,
+                                 rank_correlation_power, t_interval)
 
     with pytest.raises(ValueError, match="level must lie strictly between 0 and 1, got 1.5"):
         t_interval([1.0, 2.0, 3.0], level=1.5)  # was (nan, nan)
     with pytest.raises(ValueError, match="resamples must be a positive integer, got 0"):
         rank_correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], resamples=0)
+    with pytest.raises(ValueError, match=r"alpha \(the significance level\) must lie"):
+        rank_correlation_power([0] * 6, 0.5, alpha=1.9)
     with pytest.raises(ValueError, match="resamples must be a positive integer, got 2.5"):
         rank_correlation_difference([1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 4], resamples=2.5)
     nan = float("nan")

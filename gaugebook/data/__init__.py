@@ -31,8 +31,8 @@ from gaugebook.data.probes import evaluate_probes
 from gaugebook.data.stream import Batch
 from gaugebook.data.text import (TINY_SHAKESPEARE_SHA256, TINY_SHAKESPEARE_URL, CharTokenizer,
                                  load_tiny_shakespeare, text_batches)
-from gaugebook.data.vocabulary import Category, WordTokenizer, default_tokenizer
+from gaugebook.data.vocabulary import Category, Tokenizer, WordTokenizer, default_tokenizer
 
-__all__ = ["Category", "WordTokenizer", "DefaultCorpus", "Batch", "Probes", "TASKS",
+__all__ = ["Category", "Tokenizer", "WordTokenizer", "DefaultCorpus", "Batch", "Probes", "TASKS",
            "default_tokenizer", "evaluate_probes", "load_tiny_shakespeare", "CharTokenizer",
            "text_batches", "TINY_SHAKESPEARE_URL", "TINY_SHAKESPEARE_SHA256", "MIN_PROBE_CONTEXT"]
