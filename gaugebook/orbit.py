@@ -81,6 +81,7 @@ class OrbitDimension:
     orbit: int  #: rank of the tangent map
     stabiliser: int  #: lie - orbit
     singular_values: torch.Tensor  #: of the tangent map, descending
+    tolerance: float  #: the largest singular value counted as zero
     gap: float  #: last kept over first dropped singular value (inf when none is dropped)
 
     @property
@@ -96,8 +97,8 @@ def orbit_dimension(m: MultiHeadAttention, *, rtol: float | None = None) -> Orbi
     :math:`\epsilon` the float64 machine epsilon, as in :func:`gaugebook.redundancy.redundancy`)."""
     T = orbit_tangents(m)
     s = torch.linalg.svdvals(T)
-    rank, _, gap = numerical_rank(s, T.shape, rtol)
-    return OrbitDimension(T.shape[1], rank, T.shape[1] - rank, s, gap)
+    rank, tolerance, gap = numerical_rank(s, T.shape, rtol)
+    return OrbitDimension(T.shape[1], rank, T.shape[1] - rank, s, tolerance, gap)
 
 
 def _sym_power(Q: torch.Tensor, power: float) -> torch.Tensor:

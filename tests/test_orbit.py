@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -69,6 +71,8 @@ def test_generic_orbit_dimension(name, generator):
     assert o.stabiliser == LAYERS[name][-1]
     assert o.orbit == o.lie - o.stabiliser == predicted_redundancy(m)
     assert o.free == (o.stabiliser == 0) and o.gap > 1e8
+    kept = o.singular_values[o.orbit - 1] if o.orbit else math.inf  # the rank's tolerance
+    assert (o.singular_values > o.tolerance).sum() == o.orbit and o.tolerance < kept
 
 
 def test_rope_bases():
