@@ -406,7 +406,8 @@ def sample_align(model_a: nn.Module, model_b: nn.Module, n_samples: int = 1000, 
     device = next(model_b.parameters()).device
 
     def draw(m):  # one random (M, N, perm) for layer m, drawn on the CPU from generator
-        return tuple(x.to(device) for x in random_attention_factors(m, cond, generator))
+        factors = random_attention_factors(m, cond=cond, generator=generator)
+        return tuple(x.to(device) for x in factors)
 
     best, best_draws, distances = None, None, []
     for _ in range(n_samples):

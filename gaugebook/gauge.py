@@ -412,7 +412,7 @@ def _random_head_permutation(m: MultiHeadAttention, generator) -> torch.Tensor:
     return (groups[:, None] * G + within).flatten()
 
 
-def random_attention_factors(m: MultiHeadAttention, cond: float,
+def random_attention_factors(m: MultiHeadAttention, *, cond: float,
                              generator: torch.Generator | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(M [n_kv, d_head, d_head], N [n_kv, d_v, d_v], perm [H])``: the parameters of a random
@@ -433,7 +433,7 @@ def random_attention_factors(m: MultiHeadAttention, cond: float,
 
 
 def _random_attention_element(m: MultiHeadAttention, cond: float, generator, target: str):
-    M, N, perm = random_attention_factors(m, cond, generator)
+    M, N, perm = random_attention_factors(m, cond=cond, generator=generator)
     factors = [QKTransform(M, target=target), VOTransform(N, target=target),
                HeadPermutation(perm, target=target)]
     if m.has_bias:

@@ -295,7 +295,8 @@ def test_head_permutation_accepts_a_gpu_permutation(generator):
 
 def test_random_attention_factors_have_the_asked_conditioning_and_keep_groups_together():
     m = MultiHeadAttention(16, 4, 4, n_kv_heads=2, dtype=torch.float64)  # 2 groups of 2 heads
-    M, N, perm = gauge.random_attention_factors(m, 10.0, torch.Generator().manual_seed(0))
+    M, N, perm = gauge.random_attention_factors(m, cond=10.0,
+                                                generator=torch.Generator().manual_seed(0))
     assert M.shape == (2, 4, 4) and N.shape == (2, 4, 4) and sorted(perm.tolist()) == [0, 1, 2, 3]
     assert torch.allclose(torch.linalg.cond(torch.cat([M, N])), torch.full((4,), 10.0,
                                                                            dtype=torch.float64))
