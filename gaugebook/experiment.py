@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -291,6 +292,7 @@ def _worker(queue, out: str, device: str, position: int, batched: bool,
     (which reaches every worker) stops it quietly: the parent reports. ``threads``: this
     worker's share of the host's threads (with all of them each, two workers on two cores
     trained about 12 times slower, their threads waiting for each other)."""
+    signal.signal(signal.SIGINT, _interrupt_once)
     torch.set_num_threads(threads)
     try:
         while (item := queue.get()) is not None:
@@ -302,6 +304,16 @@ def _worker(queue, out: str, device: str, position: int, batched: bool,
                 _record_failure(cfgs, Path(out), error)
     except KeyboardInterrupt:
         return
+
+
+def _interrupt_once(signum, frame) -> None:
+    """A worker's SIGINT handler: KeyboardInterrupt, then SIGINT ignored, so that the cleanup
+    that follows (progress bars, prefetching threads, the run's lock) is not interrupted when
+    the parent repeats its signal. Installed by each worker itself: a runner started with SIGINT
+    ignored (a background job of a script) passes that on, and its workers ignored the parent's
+    signal, were killed after the grace period, and left their locks to the resource tracker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _train_cohort(cfgs, out: Path, device: str, batched: bool, **kw) -> None:
@@ -329,11 +341,6 @@ def _record_failure(cfgs, out: Path, error: Exception) -> None:
     print(f"{[c.name for c in cfgs]} failed: {error!r}", file=sys.stderr)
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised as Ctrl-C's KeyboardInterrupt; unlike Ctrl-C it reached this
-    process alone, not its workers."""
-
-
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (``kill``, ``timeout``) and SIGHUP (a closed terminal) raise KeyboardInterrupt,
@@ -344,7 +351,7 @@ def _terminate_as_interrupt():
         return
 
     def interrupt(signum, frame):
-        raise _Terminated
+        raise KeyboardInterrupt
 
     saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -375,6 +382,10 @@ def run_many(runs: list[RunConfig], out: str | Path, device: str = "cpu", worker
     _report_failures(runs, out, crashed)
 
 
+STOP_GRACE_S = 15.0  # seconds the workers have, together, to stop after Ctrl-C (on a busy
+# machine a worker takes several to start listening or to shut down); then they are terminated
+
+
 def _train_in_processes(groups, out: Path, device: str, workers: int, *, batched: bool,
                         data_workers: int, cuda_graphs: bool) -> bool:
     """Train the cohorts ``groups`` in ``workers`` processes, each taking the next cohort when
@@ -394,13 +405,15 @@ def _train_in_processes(groups, out: Path, device: str, workers: int, *, batched
     try:
         for p in procs:
             p.join()
-    except KeyboardInterrupt as interrupt:  # Ctrl-C reaches the workers too; a signal to this
-        if isinstance(interrupt, _Terminated):  # process alone is passed on as Ctrl-C
-            for p in procs:
-                if p.is_alive():
-                    os.kill(p.pid, signal.SIGINT)
-        for p in procs:  # they get a few seconds to stop quietly, then are stopped
-            p.join(timeout=5)
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too; SIGTERM or SIGHUP reached
+        # this process alone: the workers are told by SIGINT, repeated while they run (one still
+        # starting does not listen yet; each takes only the first), then stopped
+        deadline = time.monotonic() + STOP_GRACE_S
+        while (alive := [p for p in procs if p.is_alive()]) and time.monotonic() < deadline:
+            for p in alive:
+                os.kill(p.pid, signal.SIGINT)
+            alive[0].join(timeout=0.5)
+        for p in procs:
             p.terminate()
         raise
     return any(p.exitcode for p in procs)
