@@ -400,8 +400,8 @@ def signed(value: float) -> str:
 
 
 def interval_text(interval: tuple[float, float]) -> str:
-    """``[low, high]`` with :func:`signed` ends, ``n/a`` when either end is not finite (one
-    seed has no t-interval)."""
+    """``[low, high]`` with :func:`signed` ends, ``n/a`` when either end is not finite (as
+    :class:`Table` prints a NaN)."""
     low, high = interval
     if not (math.isfinite(low) and math.isfinite(high)):
         return "n/a"

@@ -16,14 +16,19 @@ __all__ = ["t_interval", "Correlation", "centred_by", "rank_correlation",
            "CorrelationDifference", "rank_correlation_difference", "rank_correlation_power"]
 
 
+def _check_fraction(name: str, value) -> None:
+    """ValueError unless ``value`` is a number strictly between 0 and 1 (a level)."""
+    if not (isinstance(value, (int, float)) and 0 < value < 1):
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
+
+
 def t_interval(values, level: float = 0.95) -> tuple[float, tuple[float, float]]:
     r"""``(mean, (low, high))``: the mean of ``values`` and its ``level`` t-interval,
     :math:`\bar x \pm t_{(1 + \ell)/2,\,n-1}\, s/\sqrt n` with :math:`\ell` the ``level``
     and :math:`s` the sample standard deviation (ValueError for fewer than two values)."""
     from scipy import stats
 
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
-        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
+    _check_fraction("level", level)
     values = _finite(np.asarray(values, dtype=float), "values")
     n = len(values)
     if n < 2:
@@ -188,15 +193,12 @@ def rank_correlation_power(strata, rho: float, *, alpha: float = 0.05, draws: in
                            resamples: int = 999, seed: int = 0) -> float:
     """The power of :func:`rank_correlation`'s test: the share of ``draws`` simulated experiments
     whose p-value is below ``alpha`` (the significance level) when the true rank correlation is
-    ``rho``. ``strata`` [n]
-    gives each pair's group, as for :func:`rank_correlation` (``[0] * n`` for n pairs without
-    groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
+    ``rho``. ``strata`` [n] gives each pair's group, as for :func:`rank_correlation` (``[0] * n``
+    for n pairs without groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
     value whose Spearman correlation is ``rho``."""
     if not -1 <= rho <= 1:
         raise ValueError(f"rho must lie in [-1, 1], got {rho}")
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise ValueError(f"alpha (the significance level) must lie strictly between 0 and 1, "
-                         f"got {alpha!r}")
+    _check_fraction("alpha (the significance level)", alpha)
     strata = list(strata)
     r = 2 * math.sin(math.pi * rho / 6)
     rng = np.random.default_rng(seed)
