@@ -32,6 +32,7 @@ import torch
 from torch.func import stack_module_state
 
 from gaugebook.data import DefaultCorpus
+from gaugebook.decision_plots import bias_pace
 from gaugebook.experiment import override, run_many, select_runs
 from gaugebook.gpt import GPT
 from gaugebook.optim import make_optimizer
@@ -179,14 +180,11 @@ def main(argv=None):
     results["batched_over_separate"] = (results["batched"]["tokens_per_s"]
                                         / results["separate"]["tokens_per_s"])
     save()
-    adamw = {r.symmetry: r.name for r in runs if r.optimizer == "adamw"}
-    if not {"symmetric", "bqv"} <= set(adamw):
-        print("no symmetric and bqv AdamW runs in these parts: the bias stage is skipped")
+    try:
+        results["bias"] = {"bqv_over_symmetric": bias_pace(results)}
+    except ValueError as missing:
+        print(f"{missing}: the bias stage is skipped")
         return
-    speed = results["separate"]["per_run_tokens_per_s"]
-    results["bias"] = {"symmetric_tokens_per_s": speed[adamw["symmetric"]],
-                       "bqv_tokens_per_s": speed[adamw["bqv"]],
-                       "bqv_over_symmetric": speed[adamw["bqv"]] / speed[adamw["symmetric"]]}
     save()
 
 

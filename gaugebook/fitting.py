@@ -138,7 +138,8 @@ def train_small_gpt(corpus, optimizer_name: str = "ecd", breaking: str | None = 
     """A small PReLU :class:`~gaugebook.gpt.GPT` (:data:`SMALL_GPT_SIZE`) trained on ``corpus``
     (a :class:`~gaugebook.data.DefaultCorpus`); returned in eval mode.
 
-    The recipe of chapter 18's live models: seed torch's generator with ``seed``, build the
+    The recipe of chapter 18's live models: seed a fork of torch's generator with ``seed``
+    (the caller's generator is left as it was: :func:`torch.random.fork_rng`), build the
     model (``symmetry_breaking=breaking``, learned biases iff ``bias``) and cast it to
     ``dtype``, make ``optimizer_name``'s optimizer with :data:`SMALL_GPT_HYPERPARAMETERS`, and
     :func:`fit` it on the corpus' training batches ``corpus.batch(t, batch_size, 32)`` for
@@ -148,12 +149,13 @@ def train_small_gpt(corpus, optimizer_name: str = "ecd", breaking: str | None = 
     if optimizer_name not in SMALL_GPT_HYPERPARAMETERS:
         raise ValueError(f"optimizer_name must be one of {sorted(SMALL_GPT_HYPERPARAMETERS)}, "
                          f"got {optimizer_name!r}")
-    torch.manual_seed(seed)
     config = GPTConfig(corpus.vocab_size, **SMALL_GPT_SIZE, activation="prelu",
                        symmetry_breaking=breaking, bias=bias)
-    model = GPT(config).to(dtype)
-    optimizer = make_optimizer(optimizer_name, model.parameters(),
-                               **SMALL_GPT_HYPERPARAMETERS[optimizer_name])
     block = SMALL_GPT_SIZE["block_size"]
-    fit(model, optimizer, lambda t: corpus.batch(t, batch_size, block), steps)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(config).to(dtype)
+        optimizer = make_optimizer(optimizer_name, model.parameters(),
+                                   **SMALL_GPT_HYPERPARAMETERS[optimizer_name])
+        fit(model, optimizer, lambda t: corpus.batch(t, batch_size, block), steps)
     return model.eval()

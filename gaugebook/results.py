@@ -27,7 +27,7 @@ import numpy as np
 from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_difference,
                              t_interval)
 
-__all__ = ["find_results", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps",
+__all__ = ["find_results", "read_benchmark", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps",
            "values_at",
            "breaking_effects", "activation_contrast", "seed_summary", "provenance_summary",
            "with_math", "TEX_MACROS",
@@ -78,6 +78,13 @@ def find_results(relative: str | Path, *, extra_roots=()) -> Path:
         f"no folder {relative} under {here}, its parents or {[str(r) for r in extra_roots]}, "
         "nor installed with the package (gaugebook/_recorded, which a wheel built from the "
         "repository has): install gaugebook from https://github.com/gaugebook/gaugebook")
+
+
+def read_benchmark(name: str, *, extra_roots=()) -> dict:
+    """The recorded benchmark ``benchmarks/results/<name>`` (a JSON file written by a script of
+    ``benchmarks/``), found as :func:`find_results` finds folders."""
+    return json.loads((find_results("benchmarks/results", extra_roots=extra_roots)
+                       / name).read_text())
 
 
 def arm_of(optimizer: str, tag: str = "") -> str:

@@ -111,7 +111,8 @@ def test_random_token_batches_are_the_draws_in_step_order_whatever_the_order_ask
 
 def test_train_small_gpt_is_chapter_18s_recipe_written_out():
     """The library recipe equals the hand-written one (seed, model, float64, optimizer, fit)
-    exactly, for ECD and AdamW; the model comes back in eval mode, in float64."""
+    exactly, for ECD and AdamW; the model comes back in eval mode, in float64, and torch's global
+    generator is left as the caller had it."""
     from gaugebook.data import DefaultCorpus
     from gaugebook.fitting import SMALL_GPT_HYPERPARAMETERS, SMALL_GPT_SIZE, train_small_gpt
     from gaugebook.optim import make_optimizer
@@ -123,7 +124,9 @@ def test_train_small_gpt_is_chapter_18s_recipe_written_out():
                                   symmetry_breaking=breaking)).double()
         opt = make_optimizer(name, reference.parameters(), **SMALL_GPT_HYPERPARAMETERS[name])
         fit(reference, opt, lambda t: corpus.batch(t, 4, 32)[:2], 3)
+        outer = torch.get_rng_state()
         model = train_small_gpt(corpus, name, breaking, steps=3, batch_size=4, seed=3)
+        assert torch.equal(torch.get_rng_state(), outer)  # the caller's generator is untouched
         assert not model.training and model.config.n_layer == SMALL_GPT_SIZE["n_layer"]
         for (key, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
             assert p.dtype == torch.float64 and torch.equal(p, q), key

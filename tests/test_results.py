@@ -9,7 +9,8 @@ import yaml
 
 from gaugebook.experiment import RunConfig, train
 from gaugebook.results import (TEX_MACROS, Run, Table, breaking_effects, common_steps,
-                               effects_table, find_results, gain_rule, load_runs,
+                               effects_table, find_results, gain_rule,
+                               read_benchmark, load_runs,
                                provenance_summary, read_run, seed_summary, select, values_at)
 from gaugebook.stats import Correlation
 
@@ -250,6 +251,16 @@ def test_find_results_searches_parents_and_extra_roots(tmp_path, monkeypatch):
     assert find_results("results/gpu/seed9", extra_roots=[tmp_path / "repo"]) == target
     with pytest.raises(FileNotFoundError, match="nor installed with the package"):
         find_results("results/gpu/seed8")
+
+
+def test_read_benchmark_reads_the_recorded_json_of_benchmarks_results(tmp_path, monkeypatch):
+    folder = tmp_path / "benchmarks" / "results"
+    folder.mkdir(parents=True)
+    (folder / "x.json").write_text('{"provenance": {"device": "cpu"}}')
+    monkeypatch.chdir(tmp_path)
+    assert read_benchmark("x.json") == {"provenance": {"device": "cpu"}}
+    with pytest.raises(FileNotFoundError):
+        read_benchmark("y.json")
 
 
 def test_find_results_falls_back_to_the_copy_installed_with_the_package(tmp_path, monkeypatch):
