@@ -120,6 +120,11 @@ class _FactorPair(MatrixFactor):
     width: ClassVar[str]
     sides: ClassVar[dict[str, tuple[str, bool]]]  # name -> ("X" | "Y" | "Y^T", per query head)
 
+    @classmethod
+    def shape(cls, m):
+        """``[n_kv_heads, w, w]``: one matrix per key/value group."""
+        return (m.n_kv_heads, getattr(m, cls.width), getattr(m, cls.width))
+
     def check(self, m):
         X = self.parameter
         if X.ndim != 3:  # one shared [w, w] matrix would broadcast over the groups silently
@@ -233,6 +238,12 @@ class _GroupShift(TranslationFactor):
     acts_on: ClassVar = MultiHeadAttention
     shape_doc: ClassVar = "[n_kv_heads, width]"
     width: ClassVar[str]
+
+    @classmethod
+    def shape(cls, m):
+        """``[n_kv_heads, w]``: one shift per key/value group (the :meth:`free` coordinates
+        move; the others are fixed by :meth:`lie_basis`)."""
+        return (m.n_kv_heads, getattr(m, cls.width))
 
     def check(self, m):
         if not m.has_bias:

@@ -53,7 +53,8 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_bool, check_number
-from gaugebook.gpt import GPT, Block, GPTConfig, PReLU, check_block_options, eval_mode
+from gaugebook.gpt import (ACTIVATIONS, GPT, Block, GPTConfig, PReLU, check_block_options,
+                           eval_mode)
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
@@ -232,10 +233,21 @@ def parameter_count(config: GPTConfig) -> int:
     return embeddings + config.n_layer * (attention + mlp + layernorms) + (1 + b) * D
 
 
+def _activation_name(act: nn.Module) -> str:
+    """The :class:`~gaugebook.gpt.GPTConfig` name of an MLP's activation module; TypeError for
+    one that the counts do not cover (a module swapped in by hand), rather than a wrong count."""
+    if isinstance(act, PReLU):
+        return "prelu"
+    if isinstance(act, nn.GELU):
+        return "gelu"
+    raise TypeError(f"no count for a block whose MLP activation is {type(act).__name__}: the "
+                    f"counts cover the activations {ACTIVATIONS} (gaugebook.gpt.PReLU, nn.GELU)")
+
+
 def _block_shape(block: Block) -> dict:
     a = block.attn
     return dict(d_model=a.d_model, n_head=a.n_heads, n_kv_head=a.n_kv_heads, bias=a.has_bias,
-                activation="prelu" if isinstance(block.mlp.act, PReLU) else "gelu", rope=a.rope,
+                activation=_activation_name(block.mlp.act), rope=a.rope,
                 symmetry_breaking=None if block.breaking is None else block.breaking.mode,
                 mu_v=0.0 if block.breaking is None else block.breaking.mu_v)
 

@@ -28,9 +28,10 @@ From these two everything else is derived once, here:
   Noether charges and gradient-flow invariants are its values (:mod:`gaugebook.mechanics`);
 * :func:`project`: the orthogonal projection onto a subalgebra given by an orthogonal basis.
 
-Four kinds of factor share validation, inverse and exponential: :class:`MatrixFactor` (one
-invertible matrix per key/value group), :class:`TranslationFactor` (parameters add),
-:class:`ScalingFactor` (parameters multiply) and :class:`PermutationFactor`; each family declares
+Four kinds of factor share validation and inverse: :class:`MatrixFactor` (one invertible matrix
+per key/value group), :class:`TranslationFactor` (parameters add), :class:`ScalingFactor`
+(parameters multiply), which also share the exponential, and :class:`PermutationFactor`
+(discrete: no Lie algebra); each family declares
 its parameter's shape at a module (:meth:`Factor.shape`). Where each symmetry's formula is:
 
 =========================================================  ====================================
@@ -116,7 +117,10 @@ class Factor:
     @classmethod
     def shape(cls, module: nn.Module, **options) -> tuple | None:
         """The shape the factor's parameter must have at ``module`` (``None``: not checked
-        here). ``options`` are the factor's other fields (e.g. which LayerNorm)."""
+        here). ``options`` are the factor's other fields (e.g. which LayerNorm). Where the
+        symmetry is absent at ``module`` (a GELU MLP has no rescaling), a shape with a zero
+        dimension: its Lie algebra is then empty, and every count and tangent map built from it
+        reads 0 without a special case."""
         return None
 
     @property
@@ -434,10 +438,16 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
     :math:`\langle \mu, X \rangle = \langle p, \frac{d}{dt} \exp(tX) \cdot \theta \rangle` for
     every :math:`X` of that shape: the momentum :math:`p` (``momenta``, float64 tensors keyed like
     the target's parameters) dotted with every generator, by one reverse-mode pass through the
-    action. ``shape`` is the family's parameter shape (default: that of ``lie_basis``);
-    ``options``: the factor's other fields, as in :func:`tangent_map`."""
+    action. ``shape`` is the family's parameter shape (default: :meth:`Factor.shape`, or where
+    a family declares none, that of ``lie_basis``, which holds ``k`` elements of that shape: for
+    :class:`~gaugebook.gauge.QKTransform` of a GPT-2-small layer, :math:`12 \cdot 64^2` of
+    :math:`12 \cdot 64^2` entries); ``options``: the factor's other fields, as in
+    :func:`tangent_map`."""
     module = _target(model, family, target)
-    shape = family.lie_basis(module, **options).shape[1:] if shape is None else shape
+    if shape is None:
+        shape = family.shape(module, **options)
+    if shape is None:
+        shape = family.lie_basis(module, **options).shape[1:]
     with torch.inference_mode(False), torch.enable_grad():  # callable from no-grad code
         params = float64_parameters(module)
         X = torch.zeros(shape, dtype=DTYPE, device=next(iter(params.values())).device,

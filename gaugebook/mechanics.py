@@ -147,7 +147,7 @@ class Sectors:
 
     @property
     def vo_norm(self) -> torch.Tensor:
-        """The Frobenius norm of each VO charge matrix."""
+        """Frobenius norm per group ``[n_kv]``."""
         return torch.linalg.matrix_norm(self.vo)
 
 
@@ -174,8 +174,8 @@ def _as_named(model: nn.Module, tensors) -> dict[str, torch.Tensor]:
 def _sector(model: nn.Module, path: str, m: MultiHeadAttention, momenta: dict) -> Sectors:
     """Both momentum maps of layer ``path`` (``momenta`` keyed relative to it), the QK one as
     the dual of the layer's QK algebra (the projection onto the RoPE commutant)."""
-    qk = momentum_map(model, QKTransform, momenta, path, (m.n_kv_heads, m.d_head, m.d_head))
-    vo = momentum_map(model, VOTransform, momenta, path, (m.n_kv_heads, m.d_value, m.d_value))
+    qk = momentum_map(model, QKTransform, momenta, path)  # (Hkv, dk, dk)
+    vo = momentum_map(model, VOTransform, momenta, path)  # (Hkv, dv, dv)
     return Sectors(project(qk, qk_algebra(m)) if m.rope else qk, vo)
 
 

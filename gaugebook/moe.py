@@ -221,9 +221,9 @@ def redundancy_count(m: MoE) -> int:
     * ReLU experts: one positive rescaling per hidden unit, :math:`E\, d_\text{hidden}`; GELU
       experts: none.
     """
-    b = int(m.has_router_bias)
-    router = (m.d_model + b) * m.n_experts if m.k == 1 and m.renormalize else m.d_model + b
-    experts = m.n_experts * m.d_hidden if m.activation == "relu" else 0
+    shift = math.prod(RouterShift.shape(m))  # D + b
+    router = shift * m.n_experts if m.k == 1 and m.renormalize else shift  # all of W_r, b_r
+    experts = math.prod(ExpertRescaling.shape(m))  # E d_hidden with ReLU, 0 with GELU
     return router + experts
 
 

@@ -21,7 +21,9 @@ dimension; the rest of the Lie algebra, :math:`n_\text{lie} - \rank T`, is the L
 stabiliser (group elements near the identity that fix :math:`\theta`). The action is *free* near
 the identity exactly when the stabiliser dimension is 0. Head permutations are discrete and add
 no tangent vector. Chapters 4 and 10 of the book use these to compare the orbit with the fibre
-(the null space of the Jacobian, :mod:`gaugebook.redundancy`).
+(the null space of the Jacobian, :mod:`gaugebook.redundancy`). For a whole GPT the same measures
+take every continuous symmetry that :mod:`gaugebook.gpt_gauge` declares as well
+(:func:`gaugebook.gpt_redundancy.redundant_directions`).
 
 The *balanced point* of an orbit is where the gradient-flow invariants of
 :mod:`gaugebook.mechanics` vanish: :math:`\tilde W_Q^\top \tilde W_Q = \tilde W_K^\top \tilde W_K`
@@ -44,6 +46,8 @@ from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_finite_tensors
 from gaugebook.gauge import (ATTENTION_ALGEBRA, GaugeElement, QKTransform, VOTransform,
                              grouped_weights, qk_algebra)
+from gaugebook.gpt import GPT
+from gaugebook.gpt_redundancy import LogProbabilities, redundant_directions
 from gaugebook.lie import tangent_map
 from gaugebook.linalg import ZERO_RTOL, numerical_rank
 
@@ -56,16 +60,22 @@ def _check(m) -> None:
         raise TypeError(f"expected a MultiHeadAttention, got {type(m).__name__}")
 
 
-def orbit_tangents(m: MultiHeadAttention) -> torch.Tensor:
+def orbit_tangents(m: MultiHeadAttention | GPT | LogProbabilities) -> torch.Tensor:
     r"""The tangent map ``T [n_params, n_lie]`` of the continuous gauge action at ``m``'s weights.
 
     Rows follow ``m.named_parameters()`` (each flattened, row-major), as in
-    :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns: per
-    key/value group, the QK basis of :func:`~gaugebook.gauge.qk_algebra`,
-    :math:`\mathfrak{gl}(d_\text{value})` (:math:`E_{ij}` in row-major order), then key- and
-    value-bias translations (with biases). Each family's columns are
+    :func:`gaugebook.redundancy.jacobian` when every parameter is trainable. Columns, for a
+    :class:`~gaugebook.attention.MultiHeadAttention`: per key/value group, the QK basis of
+    :func:`~gaugebook.gauge.qk_algebra`, :math:`\mathfrak{gl}(d_\text{value})` (:math:`E_{ij}`
+    in row-major order), then key- and value-bias translations (with biases). For a
+    :class:`~gaugebook.gpt.GPT` or :class:`~gaugebook.gpt_redundancy.LogProbabilities`: the
+    directions of every term of :func:`~gaugebook.gpt_redundancy.redundant_directions`, in the
+    order of :data:`~gaugebook.gpt_redundancy.TERMS`. Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
+    if isinstance(m, (GPT, LogProbabilities)):
+        check_finite_tensors(m)
+        return torch.cat(list(redundant_directions(m).values()), dim=1)
     _check(m)
     check_finite_tensors(m)
     per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
@@ -90,8 +100,10 @@ class OrbitDimension:
         return self.stabiliser == 0
 
 
-def orbit_dimension(m: MultiHeadAttention, *, rtol: float | None = None) -> OrbitDimension:
-    r"""Dimension of the orbit through ``m``'s weights: the numerical rank of
+def orbit_dimension(m: MultiHeadAttention | GPT | LogProbabilities, *,
+                    rtol: float | None = None) -> OrbitDimension:
+    r"""Dimension of the orbit through ``m``'s weights (an attention layer, or a whole GPT with
+    all its continuous symmetries): the numerical rank of
     :func:`orbit_tangents` (zero when a singular value is at most ``rtol`` times the largest; by
     default ``rtol`` is :math:`\max(m, n)\, \epsilon` for :math:`T` of shape :math:`m \times n`,
     :math:`\epsilon` the float64 machine epsilon, as in :func:`gaugebook.redundancy.redundancy`)."""

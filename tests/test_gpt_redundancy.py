@@ -87,6 +87,15 @@ def test_standalone_block(kw):
     assert r.dimension == predicted_redundancy(block) and r.gap > 1e8
 
 
+
+def test_a_block_with_an_activation_swapped_in_is_refused_not_miscounted():
+    """A ReLU put in by hand has the rescaling symmetry that GELU lacks: the count refuses it
+    (it was counted as GELU: 24 directions short)."""
+    block = Block(config())
+    block.mlp.act = torch.nn.ReLU()
+    with pytest.raises(TypeError, match="MLP activation is ReLU: the counts cover"):
+        predicted_redundancy(block)
+
 @pytest.mark.parametrize("kw", [dict(activation="prelu"), dict(n_kv_head=1, bias=False),
                                 dict(n_embd=8, rope=True), dict(n_embd=8, rope="gated"),
                                 dict(n_embd=8, rope="gated", bias=False, activation="prelu")])

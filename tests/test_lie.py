@@ -91,6 +91,21 @@ def test_project_onto_an_orthogonal_basis_and_refuse_a_zero_element():
         project(X, torch.stack([basis[0], torch.zeros(2, 2, dtype=torch.float64)]))
 
 
+def test_momentum_map_reads_the_declared_shape_without_building_the_basis(monkeypatch):
+    """The QK basis holds n_kv d^2 matrices of n_kv d^2 entries (19 GB for a GPT-2-small layer)
+    only to give its shape; the charges of every attention family come without it."""
+    from gaugebook.gauge import ATTENTION_ALGEBRA
+
+    m = MultiHeadAttention(6, 4, 3, n_kv_heads=2, bias=True,
+                           generator=torch.Generator().manual_seed(0))
+    p = {n: torch.randn(t.shape, dtype=F64) for n, t in m.named_parameters()}
+    expected = {f: momentum_map(m, f, p) for f in ATTENTION_ALGEBRA}
+    for family in ATTENTION_ALGEBRA:
+        monkeypatch.setattr(family, "lie_basis", classmethod(lambda cls, m: 1 / 0))
+    for family, mu in expected.items():
+        assert torch.equal(momentum_map(m, family, p), mu)
+        assert mu.shape == family.shape(m)
+
 def test_momentum_map_refuses_shapes_that_would_broadcast():
     from gaugebook.gauge import KeyBiasShift, QKTransform
     from gaugebook.lie import tangent_map

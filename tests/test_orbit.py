@@ -6,6 +6,8 @@ import torch
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, KeyBiasShift, QKTransform, ValueBiasShift,
                              VOTransform, invariance_error, qk_algebra, random_element)
+from gaugebook.gpt import GPT, GPTConfig
+from gaugebook.gpt_redundancy import LogProbabilities, make_generic_
 from gaugebook.mechanics import flow_invariants
 from gaugebook.orbit import balancing_element, orbit_dimension, orbit_tangents
 from gaugebook.redundancy import jacobian, predicted_redundancy
@@ -74,6 +76,22 @@ def test_generic_orbit_dimension(name, generator):
     kept = o.singular_values[o.orbit - 1] if o.orbit else math.inf  # the rank's tolerance
     assert (o.singular_values > o.tolerance).sum() == o.orbit and o.tolerance < kept
 
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_layer=2, activation="prelu", bias=False),
+                                dict(n_embd=8, rope="gated")])
+@pytest.mark.parametrize("output", ["log_probs", "logits"])
+def test_the_orbit_of_a_gpt_takes_every_declared_symmetry(kw, output):
+    """At generic weights all continuous symmetries of a GPT (attention, LayerNorm, residual,
+    MLP, embeddings) act freely together: one orbit direction per generator, as many as the
+    predicted redundancy."""
+    g = torch.Generator().manual_seed(0)
+    config = GPTConfig(**{**dict(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=6),
+                          **kw})
+    gpt = make_generic_(GPT(config), generator=g).double()
+    model = LogProbabilities(gpt) if output == "log_probs" else gpt
+    o = orbit_dimension(model)
+    assert o.free and o.orbit == o.lie == predicted_redundancy(model) and o.gap > 1e8
+    assert orbit_tangents(model).shape == (gpt.num_params(), o.lie)
 
 def test_rope_bases():
     assert len(qk_algebra(MultiHeadAttention(6, 1, 6, rope=True))) == 6

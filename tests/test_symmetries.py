@@ -3,12 +3,15 @@ float64: the function is invariant, the input is untouched, the identity acts tr
 inverse undoes the action, composition follows functions and stays in the family, and (float64)
 the Lie algebra's tangent vectors lie in the null space of the Jacobian."""
 import dataclasses
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
 import pytest
 import torch
 
+import gaugebook
 from conftest import tolerance
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import (GaugeElement, HeadPermutation, KeyBiasShift, QKTransform,
@@ -18,7 +21,7 @@ from gaugebook.gpt_gauge import (EmbeddingShift, HiddenPermutation, HiddenRescal
                                  LayerNormScale, LayerNormShift, PositionCentring, ReaderCentring,
                                  ResidualCentring, ResidualPermutation, StreamScaling)
 from gaugebook.gpt_redundancy import LogProbabilities, make_generic_
-from gaugebook.lie import tangent_map
+from gaugebook.lie import Factor, tangent_map
 from gaugebook.moe import (MoE, ExpertHiddenPermutation, ExpertPermutation, ExpertRescaling,
                            RouterShift)
 from gaugebook.redundancy import jacobian
@@ -172,6 +175,27 @@ CASES = {
                                            for _ in range(m.n_experts)]))),
 }
 CONTINUOUS = [name for name, case in CASES.items() if case.random is None]
+
+
+def _declared_families() -> set[type]:
+    """Every public factor family of the library: the subclasses of ``lie.Factor`` outside
+    ``lie`` itself (whose classes are the forms, not symmetries), from every module."""
+    for module in pkgutil.iter_modules(gaugebook.__path__):
+        importlib.import_module(f"gaugebook.{module.name}")
+
+    def below(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from below(sub)
+
+    return {f for f in below(Factor) if f.__module__.startswith("gaugebook.")
+            and f.__module__ != "gaugebook.lie" and not f.__name__.startswith("_")}
+
+
+def test_every_declared_symmetry_has_a_case_here():
+    """A factor added to the library without a case would escape every check of this file."""
+    missing = _declared_families() - {case.family for case in CASES.values()}
+    assert not missing, f"add a case to CASES for {sorted(f.__name__ for f in missing)}"
 
 
 def draw(case: Case, model, gen, scale=0.3):
