@@ -79,7 +79,7 @@ HEAD_MATRICES = ("W_Q", "W_K", "W_V", "W_O", "W_GQ", "W_GK")
 def _muon_matrices(name: str, p: torch.Tensor) -> list[torch.Tensor]:
     """The matrices Muon orthogonalises in parameter ``name``: a weight matrix of a linear layer
     (2-D, not an embedding), or every head's slice of a per-head attention weight (3-D), as
-    leaf tensors sharing ``p``'s memory. None for the rest (biases, gains, embeddings)."""
+    leaf tensors sharing ``p``'s memory; none (``[]``) for the rest (biases, gains, embeddings)."""
     leaf = name.rsplit(".", 1)[-1]
     if p.ndim == 3 and leaf in HEAD_MATRICES:
         return [torch.nn.Parameter(p.data[h]) for h in range(p.shape[0])]

@@ -1,13 +1,15 @@
 """Validation of scalar hyper-parameters, one wording for every module that takes them."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
 __all__ = ["check_number", "check_finite", "check_positive_ints", "check_bool",
-           "check_float_dtype", "check_integer_dtype", "check_finite_tensors"]
+           "check_float_dtype", "check_integer_dtype", "check_finite_tensors",
+           "dataclass_from_dict"]
 
 
 def _real(value) -> float:
@@ -85,3 +87,18 @@ def check_finite_tensors(module: nn.Module, *inputs) -> None:
     for i, t in enumerate(inputs):
         if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"input {i} (shape {tuple(t.shape)}) is not finite")
+
+
+def dataclass_from_dict(cls: type, values: dict):
+    """``cls(**values)`` for a dataclass ``cls`` (a config read back from JSON), with a
+    ValueError naming every unknown key and every missing required one."""
+    fields = dataclasses.fields(cls)
+    valid = [f.name for f in fields]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys are {valid}")
+    missing = [f.name for f in fields if f.name not in values and f.init
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__} is missing required keys {missing}")
+    return cls(**values)

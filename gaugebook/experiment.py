@@ -223,14 +223,19 @@ def presets() -> dict[str, dict[str, list[RunConfig]]]:
     }
 
 
+def _parts(preset: str) -> dict[str, list[RunConfig]]:
+    """``presets()[preset]``; an unknown name lists the valid ones."""
+    table = presets()
+    if preset not in table:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {sorted(table)}")
+    return table[preset]
+
+
 def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
     """The runs of ``preset``: all parts, one, or several separated by commas
     (``"seed1,seed2"``; ``--batched`` then trains each arm of them as one cohort); unknown names
     list the valid ones."""
-    table = presets()
-    if preset not in table:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {sorted(table)}")
-    parts = table[preset]
+    parts = _parts(preset)
     if part is None:
         return [run for runs in parts.values() for run in runs]
     names = part.split(",")
@@ -254,7 +259,7 @@ def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,
     a saturated device: cautious where the host limits a step). Without recorded runs, one part;
     with every part complete, none; where not even one fits, one, or none if not
     ``at_least_one``."""
-    table = presets()[preset]
+    table = _parts(preset)
     part_of = {cfg.name: part for part, runs in table.items() for cfg in runs}
     folders = [recorded] if isinstance(recorded, (str, Path)) else list(recorded)
     results = {}
@@ -444,7 +449,8 @@ def main(argv=None) -> None:
     parser.add_argument("--preset", help=f"one of {sorted(presets())} (required unless --list)")
     parser.add_argument("--part", default=None,
                         help="a part of the preset, or several separated by commas (default: all)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default runs/PRESET)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results folder (default runs/PRESET)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda[:i] (default: cuda if available, else cpu)")
     parser.add_argument("--workers", type=int, default=1,

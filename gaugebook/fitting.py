@@ -142,9 +142,10 @@ def train_small_gpt(corpus, optimizer_name: str = "ecd", breaking: str | None = 
     (the caller's generator is left as it was: :func:`torch.random.fork_rng`), build the
     model (``symmetry_breaking=breaking``, learned biases iff ``bias``) and cast it to
     ``dtype``, make ``optimizer_name``'s optimizer with :data:`SMALL_GPT_HYPERPARAMETERS`, and
-    :func:`fit` it on the corpus' training batches ``corpus.batch(t, batch_size, 32)`` for
-    ``t = 0, ..., steps - 1``. The default float64 keeps the trained model the same on every
-    processor: float32 round-off differs between CPU kernels and grows in training.
+    :func:`fit` it on the corpus' training batches ``corpus.batch(t, batch_size, block)``
+    (``block`` of :data:`SMALL_GPT_SIZE`) for ``t = 0, ..., steps - 1``. The default float64
+    keeps the trained model the same on every processor: float32 round-off differs between CPU
+    kernels and grows in training.
     """
     if optimizer_name not in SMALL_GPT_HYPERPARAMETERS:
         raise ValueError(f"optimizer_name must be one of {sorted(SMALL_GPT_HYPERPARAMETERS)}, "

@@ -23,7 +23,8 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention, check_rope_mode
 from gaugebook.breaking import SymmetryBreakingBias, check_breaking
-from gaugebook.checks import check_bool, check_integer_dtype, check_positive_ints
+from gaugebook.checks import (check_bool, check_integer_dtype, check_number,
+                              check_positive_ints, dataclass_from_dict)
 
 __all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
            "check_block_options", "eval_mode"]
@@ -139,16 +140,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
         """Build a config from a dict (e.g. parsed JSON); unknown or missing keys are errors."""
-        fields = dataclasses.fields(cls)
-        valid = [f.name for f in fields]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown GPTConfig keys {unknown}; valid keys are {valid}")
-        missing = [f.name for f in fields
-                   if f.default is dataclasses.MISSING and f.name not in d]
-        if missing:
-            raise ValueError(f"GPTConfig is missing required keys {missing}")
-        return cls(**d)
+        return dataclass_from_dict(cls, d)
 
     def to_dict(self) -> dict:
         """The fields as a plain dict (JSON-ready; :meth:`from_dict` reads it back)."""
@@ -385,9 +377,7 @@ class GPT(nn.Module):
         are the context); ``top_k >= 1`` keeps only the k most likely tokens. Returns
         ``[B, T + new]``. The model runs in eval mode (mean symmetry-breaking biases, no fresh
         draws per token) and gets its training mode back afterwards."""
-        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-                or temperature <= 0:
-            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+        temperature = check_number("temperature", temperature, low=0.0, strict=True)
         if top_k is not None and (type(top_k) is not int or top_k < 1):
             raise ValueError(f"top_k must be None or a positive integer, got {top_k!r}")
         if type(max_new_tokens) is not int or max_new_tokens < 0:

@@ -164,7 +164,9 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
     Args:
         F: landscape, ``x [d] -> scalar``.
         x0: starting point ``[d]``.
-        v0: initial velocity (normalised here); ``None`` takes ``-g/|g|`` as the optimizer does.
+        v0: initial velocity (normalised here); ``None`` takes ``-g/|g|`` at the first step
+            that moves, as the optimizer does (the velocities recorded before it are that one;
+            zero when no step moves).
         shifts: ``[steps, d]`` or ``None``: step ``k`` sees ``F(x + shifts[k])`` (a landscape moved
             by a bias drawn for that step).
         nu: chaos strength.
@@ -192,20 +194,24 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
                                      f"{loss.item()} or its gradient {g.tolist()} is not finite")
         return loss.item(), g
 
-    if v0 is None:
-        v = -loss_and_grad(x, 0)[1]
-    else:
+    v = start = None  # without v0: -g/|g| at the first step that moves, as the optimizer
+    if v0 is not None:
         v = torch.as_tensor(v0, dtype=torch.float64).clone()
         if v.shape != x.shape:
             raise ValueError(f"v0 must have the shape of x0 {tuple(x.shape)}, got {tuple(v.shape)}")
-    if v.norm() == 0:
-        raise ValueError("the initial velocity is zero (a zero v0, or a zero gradient at x0)")
-    v = v / v.norm()
+        if v.norm() == 0:
+            raise ValueError("the initial velocity v0 is zero")
+        v = v / v.norm()
     xs, vs, Fs = [x], [v], []
     for k in range(steps):
         loss, g = loss_and_grad(x, k)
         Fs.append(loss)
         if loss > F0:
+            if v is None:
+                if g.norm() == 0:
+                    raise ValueError(f"the gradient is zero at step {k + 1}, the first that "
+                                     "moves, so the initial velocity -g/|g| is undefined")
+                v = start = -g / g.norm()
             v = v - kappa * dt * (g - v * (v @ g)) / (loss - F0)  # kick: g's part orthogonal to v
             x = x + dt * v  # drift
             v = v / v.norm()
@@ -215,6 +221,9 @@ def ecd_path(F: Callable[[torch.Tensor], torch.Tensor], x0, *, lr: float, eta: f
                 v = v / v.norm()
         xs.append(x)
         vs.append(v)
+    if v is None:  # no step moved: the velocity is undefined, recorded as zero
+        start = torch.zeros(d, dtype=torch.float64)
+    vs = [start if u is None else u for u in vs]  # the steps before the first that moved
     return ECDPath(torch.stack(xs), torch.stack(vs), torch.tensor(Fs, dtype=torch.float64))
 
 

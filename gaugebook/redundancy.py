@@ -74,9 +74,11 @@ class FlatModel:
     The model is deep-copied (the original stays untouched) and put in eval mode: the function is
     the model in eval mode, deterministic (no dropout, symmetry-breaking biases at their means).
     Floating-point inputs are cast to float64. ``theta`` holds the current parameters.
+    ValueError for a non-finite parameter, buffer or input.
     """
 
     def __init__(self, model: nn.Module, *inputs):
+        check_finite_tensors(model, *inputs)  # a NaN weight can hide behind finite outputs
         self.model = copy.deepcopy(model).double().eval()
         self.inputs = tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x
                             for x in inputs)
@@ -151,7 +153,6 @@ def redundancy(model: nn.Module, *inputs, rtol: float | None = None) -> Redundan
     (e.g. 250 instead of 218 for ``GPTConfig(11, 8, 1, 2, 8)``). Draw generic weights first with
     :func:`gaugebook.gpt_redundancy.make_generic_` (``make_generic_(GPT(cfg))``).
     """
-    check_finite_tensors(model, *inputs)
     J = jacobian(model, *inputs)
     n_out, n_params = J.shape
     s = torch.linalg.svdvals(J)

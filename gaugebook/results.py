@@ -24,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gaugebook.checks import check_positive_ints
 from gaugebook.stats import (Correlation, rank_correlation, rank_correlation_difference,
                              t_interval)
 
-__all__ = ["find_results", "read_benchmark", "arm_of", "Run", "read_run", "load_runs", "select", "common_steps",
+__all__ = ["find_results", "read_benchmark", "arm_of", "Run", "read_run", "load_runs", "select",
+           "common_steps",
            "values_at",
            "breaking_effects", "activation_contrast", "seed_summary", "provenance_summary",
            "with_math", "TEX_MACROS",
@@ -350,6 +352,7 @@ HELPS_BELOW = -0.1  # and mean Delta below this (with Delta < 0 in every seed)
 def final_statistic(run: Run, last: int = LAST_EVALUATIONS, key: str = "val_loss") -> float:
     """Mean of ``history[key]`` over the run's last ``last`` evaluations (ValueError with fewer,
     or for a key the run does not record; NaN where a value is not recorded)."""
+    check_positive_ints(last=last)  # values[-0:] would be every evaluation
     values = run._column(key)
     if len(values) < last:
         raise ValueError(f"{run.name} recorded {len(values)} evaluations; the statistic needs "
@@ -364,6 +367,7 @@ def statistic_gap(run: Run, other: Run, last: int = LAST_EVALUATIONS) -> float:
     ValueError when their last ``last`` evaluations were taken at different steps (a run stopped
     by its time budget against a complete one, or two evaluation schedules), where the
     difference would mix training lengths."""
+    check_positive_ints(last=last)
     mine, theirs = run.steps[-last:], other.steps[-last:]
     if mine != theirs:
         raise ValueError(f"{run.name} and {other.name} end at different steps ({mine} and "

@@ -9,6 +9,7 @@ import math
 import string
 from dataclasses import dataclass, field
 
+from gaugebook.checks import dataclass_from_dict
 from gaugebook.data import MIN_PROBE_CONTEXT
 from gaugebook.gpt import GPTConfig
 from gaugebook.optim import OPTIMIZERS, PROJECTIONS
@@ -193,12 +194,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
-        """The config of a result record's ``config`` (ValueError naming unknown keys)."""
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - valid)
-        if unknown:
-            raise ValueError(f"unknown run config key(s) {unknown}; valid keys: {sorted(valid)}")
-        return cls(**values)
+        """The config of a result record's ``config`` (ValueError naming unknown keys and
+        missing required ones)."""
+        return dataclass_from_dict(cls, values)
 
 
 def batch_key(cfg: RunConfig) -> tuple:

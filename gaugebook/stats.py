@@ -194,11 +194,12 @@ def rank_correlation_power(strata, rho: float, *, alpha: float = 0.05, draws: in
     """The power of :func:`rank_correlation`'s test: the share of ``draws`` simulated experiments
     whose p-value is below ``alpha`` (the significance level) when the true rank correlation is
     ``rho``. ``strata`` [n] gives each pair's group, as for :func:`rank_correlation` (``[0] * n``
-    for n pairs without groups). Each draw takes normal scores with Pearson correlation 2 sin(pi rho / 6), the
-    value whose Spearman correlation is ``rho``."""
+    for n pairs without groups). Each draw takes normal scores with Pearson correlation
+    2 sin(pi rho / 6), the value whose Spearman correlation is ``rho``."""
     if not -1 <= rho <= 1:
         raise ValueError(f"rho must lie in [-1, 1], got {rho}")
     _check_fraction("alpha (the significance level)", alpha)
+    check_positive_ints(draws=draws, resamples=resamples)
     strata = list(strata)
     r = 2 * math.sin(math.pi * rho / 6)
     rng = np.random.default_rng(seed)

@@ -477,6 +477,8 @@ def test_plan_parts_fits_as_many_parts_as_the_recorded_times_allow(tmp_path):
     (later / f"{first[1].name}.json").write_text("{")  # not a result: refused, named
     with pytest.raises(ValueError, match=f"{first[1].name}.json is not valid JSON"):
         plan_parts("paper", [tmp_path, later], 440)
+    with pytest.raises(ValueError, match="unknown preset 'paper-gpu'; valid presets"):
+        plan_parts("paper-gpu", tmp_path, 440)  # was a bare KeyError
 
 
 def test_plan_parts_reads_the_recorded_files_that_predate_optional_keys():

@@ -98,7 +98,7 @@ def test_an_unreadable_result_is_set_aside_and_retrained(tmp_path, content):
 
 
 def test_a_stored_config_this_version_cannot_read_names_its_file(tmp_path):
-    """It read as if the user's own --set were wrong ("unknown run config key(s) ['foo']")."""
+    """It read as if the user's own --set were wrong ("unknown RunConfig keys ['foo']")."""
     cfg = tiny()
     train(cfg, tmp_path, progress=False)
     path = tmp_path / f"{cfg.name}.json"
@@ -106,9 +106,17 @@ def test_a_stored_config_this_version_cannot_read_names_its_file(tmp_path):
     record["config"]["foo"] = 1
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=f"{path} holds a configuration this version cannot "
-                                         r"read \(unknown run config key"):
+                                         r"read \(unknown RunConfig keys"):
         train(cfg, tmp_path, progress=False)
 
+
+def test_a_stored_config_without_a_required_key_is_named():
+    """RunConfig.from_dict said "__init__() missing 1 required positional argument", one key at a
+    time, where GPTConfig.from_dict named them all; both now share one reader."""
+    from gaugebook.run_config import RunConfig
+
+    with pytest.raises(ValueError, match=r"RunConfig is missing required keys \['optimizer'\]"):
+        RunConfig.from_dict({"seed": 1})
 
 def test_stale_temporary_files_are_removed(tmp_path):
     cfg = tiny()
@@ -193,16 +201,19 @@ def test_gpt_refuses_bad_tokens_and_frozen_configs():
         dataclasses.replace(config, n_head=3)
     for kw, match in [(dict(max_new_tokens=-1), "max_new_tokens"),
                       (dict(max_new_tokens=2, top_k=1.5), "top_k"),
-                      (dict(max_new_tokens=2, temperature=float("nan")), "temperature")]:
+                      (dict(max_new_tokens=2, temperature=float("nan")), "temperature"),
+                      (dict(max_new_tokens=2, temperature=True), "temperature must be finite")]:
         with pytest.raises(ValueError, match=match):
             model.generate(idx, **kw)
 
 
 def test_analyses_refuse_non_finite_weights_and_inputs():
+    """The random-direction estimates too: zero_change_estimate returned 0 from NaN changes."""
     from gaugebook.attention import MultiHeadAttention
     from gaugebook.gauge import invariance_error, random_element
     from gaugebook.orbit import orbit_dimension
-    from gaugebook.redundancy import redundancy
+    from gaugebook.projection import sketched_rank, zero_change_estimate
+    from gaugebook.redundancy import jacobian, redundancy
     from gaugebook.sharpness import minimise_over_orbit
 
     g = torch.Generator().manual_seed(0)
@@ -216,7 +227,9 @@ def test_analyses_refuse_non_finite_weights_and_inputs():
     with torch.no_grad():
         attn.W_Q[0, 0, 0] = float("nan")  # the fused CPU kernel would hide it
     for call in (lambda: invariance_error(element, attn, x), lambda: redundancy(attn, x),
-                 lambda: orbit_dimension(attn),
+                 lambda: orbit_dimension(attn), lambda: jacobian(attn, x),
+                 lambda: zero_change_estimate(attn, x, n_directions=10, generator=g),
+                 lambda: sketched_rank(attn, x, n_columns=10, generator=g),
                  lambda: minimise_over_orbit(attn, lambda y: y.square().mean(), x, steps=1)):
         with pytest.raises(ValueError, match="parameter W_Q of MultiHeadAttention is not finite"):
             call()

@@ -320,7 +320,7 @@ def test_deltas_print_signed_and_a_missing_interval_as_na(tmp_path):
 
 
 def test_the_decision_rule_on_synthetic_results(tmp_path):
-    from gaugebook.results import decide, decisions, final_statistic
+    from gaugebook.results import decide, decisions, final_statistic, statistic_gap
 
     records = []
     for seed, (sym, bq, gl_sym, gl_bqv) in enumerate([(3.5, 3.3, 3.4, 3.38), (3.6, 3.35, 3.4, 3.5),
@@ -356,6 +356,11 @@ def test_the_decision_rule_on_synthetic_results(tmp_path):
         final_statistic(load_runs(write(tmp_path / "short", record("ecd", "bq", [1, 2])))[0])
     with pytest.raises(ValueError, match="unknown history key 'loss'"):
         final_statistic(runs[0], key="loss")
+    for last in (0, -2):  # values[-0:] averaged every evaluation, values[2:] the wrong ones
+        with pytest.raises(ValueError, match="last must be a positive integer"):
+            final_statistic(runs[0], last)
+        with pytest.raises(ValueError, match="last must be a positive integer"):
+            statistic_gap(runs[0], runs[1], last)
     runs[0].history["path_length"] = [None] * 8  # recorded for some runs only
     assert math.isnan(final_statistic(runs[0], key="path_length"))
     assert [r.arm for r in select(runs, arm="ecd-pt", symmetry="bq")] == ["ecd-pt"] * 3

@@ -56,6 +56,9 @@ def test_rank_correlation_power_is_the_level_under_the_null_and_grows_with_rho()
     assert few < strong  # 12 pairs in three groups carry less evidence than 30 pairs
     with pytest.raises(ValueError, match="rho"):
         rank_correlation_power(pairs, 1.5)
+    for draws in (0, -3):  # a ZeroDivisionError, and a power of -0.0
+        with pytest.raises(ValueError, match="draws must be a positive integer"):
+            rank_correlation_power(pairs, 0.5, draws=draws)
 
 
 def test_rank_correlation_difference_ranks_two_predictors():
