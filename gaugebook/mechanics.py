@@ -61,11 +61,11 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.gauge import QKTransform, VOTransform, attention_modules, qk_algebra
-from gaugebook.lie import float64_parameters, momentum_map, project
+from gaugebook.lie import ContinuousFactor, float64_parameters, momentum_map, project
 from gaugebook.linalg import DTYPE
 
 __all__ = ["antisym", "qk_charge", "vo_charge", "qk_flow_invariant", "vo_flow_invariant",
-           "Sectors", "charges", "flow_invariants", "largest_norms"]
+           "Sectors", "charges", "flow_invariants", "flow_invariant", "largest_norms"]
 
 
 def _T(x: torch.Tensor) -> torch.Tensor:
@@ -230,3 +230,26 @@ def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
     TypeError for a model without attention."""
     return {path: _sector(model, path, m, float64_parameters(m))
             for path, m in attention_modules(model, needed_by="the flow invariants")}
+
+
+def flow_invariant(model: nn.Module, family: type[ContinuousFactor], target: str = "",
+                   **options) -> torch.Tensor:
+    r"""The momentum map of any declared family at :math:`p = \theta`:
+    :math:`C[X] = \langle \theta, \xi_X(\theta) \rangle` for every generator :math:`X`
+    (:math:`\xi_X(\theta)` the tangent vector, :func:`gaugebook.lie.tangent_map`), shaped like
+    the family's parameter, from the parameters of the submodule at ``target``; ``options``: the
+    factor's other fields (``which="ln_1"``).
+
+    Gradient flow conserves it when the action is linear, :math:`\xi_X(\theta) = A_X \theta`,
+    with generators closed under transposition (:math:`A_X^\top = A_Y` for a generator
+    :math:`Y`: :math:`\GL` per head, the RoPE commutant, positive rescalings), or a translation
+    by a fixed vector: then :math:`dC[X]/dt = -\langle \nabla\mathcal L, A_X \theta + A_X^\top
+    \theta \rangle = 0`, as invariance makes :math:`\nabla\mathcal L` orthogonal to every
+    tangent vector. A gradient-descent step changes it by :math:`O(\mathrm{lr}^2)`. For
+    :class:`~gaugebook.gauge.QKTransform` it is :func:`flow_invariants`' :math:`C_{QK}`; for
+    :class:`~gaugebook.gpt_gauge.HiddenRescaling`, unit :math:`j`'s balance
+    :math:`\|w^\text{in}_j\|^2 + b_j^2 - \|w^\text{out}_j\|^2`. Actions whose direction
+    depends on other parameters (:class:`~gaugebook.gpt_gauge.ReaderCentring`, along
+    :math:`1/\gamma`) meet neither condition."""
+    module = model.get_submodule(target)
+    return momentum_map(model, family, float64_parameters(module), target, **options)

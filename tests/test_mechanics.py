@@ -360,3 +360,46 @@ def test_charges_work_under_inference_mode_and_equal_the_closed_forms_with_rope(
     with torch.inference_mode():
         again = charges(a, {n: t.clone() for n, t in p.items()})[""]
     assert torch.equal(again.qk, J.qk) and torch.equal(again.vo, J.vo)
+
+
+# --- the flow invariant of any declared family -------------------------------------------------
+
+def test_flow_invariant_of_a_declared_family_is_the_attention_one_and_the_unit_balance():
+    from gaugebook.gauge import QKTransform, VOTransform
+    from gaugebook.gpt_gauge import HiddenRescaling
+    from gaugebook.mechanics import flow_invariant
+
+    a = attention(n_heads=2, n_kv_heads=1, bias=True)
+    C = flow_invariants(a)[""]
+    assert torch.allclose(flow_invariant(a, QKTransform), C.qk, rtol=0, atol=1e-12)
+    assert torch.allclose(flow_invariant(a, VOTransform), C.vo, rtol=0, atol=1e-12)
+    gpt = GPT(GPTConfig(11, 6, 1, 2, 8, activation="prelu")).double()
+    mlp = gpt.blocks[0].mlp
+    balance = (mlp.c_fc.weight.square().sum(1) + mlp.c_fc.bias.square()
+               - mlp.c_proj.weight.square().sum(0)).detach()
+    assert torch.allclose(flow_invariant(gpt, HiddenRescaling, "blocks.0.mlp"), balance,
+                          rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family, target, options", [
+    ("HiddenRescaling", "blocks.0.mlp", {}), ("LayerNormScale", "blocks.0", {"which": "ln_2"})])
+def test_a_gd_step_changes_a_declared_flow_invariant_at_second_order(family, target, options):
+    """A step ten times smaller changes the invariant about a hundred times less."""
+    import gaugebook.gpt_gauge as gpt_gauge
+    from gaugebook.mechanics import flow_invariant
+
+    family = getattr(gpt_gauge, family)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 11, (4, 6), generator=g)
+    changes = []
+    for lr in (1e-2, 1e-3):
+        torch.manual_seed(0)
+        gpt = GPT(GPTConfig(11, 6, 1, 2, 8, activation="prelu")).double()
+        before = flow_invariant(gpt, family, target, **options)
+        _, loss = gpt(idx, idx)
+        loss.backward()
+        with torch.no_grad():
+            for p in gpt.parameters():
+                p -= lr * p.grad
+        changes.append((flow_invariant(gpt, family, target, **options) - before).norm().item())
+    assert changes[1] > 0 and 70 < changes[0] / changes[1] < 130
