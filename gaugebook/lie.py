@@ -26,6 +26,8 @@ From these two everything else is derived once, here:
   the momentum :math:`p` dotted with every generator at once (one reverse-mode pass), returned in
   the shape of the algebra element.
   Noether charges and gradient-flow invariants are its values (:mod:`gaugebook.mechanics`);
+* :meth:`ContinuousFactor.random`: a random element, the exponential of a Gaussian combination
+  of the basis;
 * :func:`project`: the orthogonal projection onto a subalgebra given by an orthogonal basis.
 
 Four kinds of factor share validation and inverse: :class:`MatrixFactor` (one invertible matrix
@@ -74,7 +76,7 @@ from torch import nn
 from torch.func import jvp, vmap
 
 from gaugebook.attention import check_rope_mode
-from gaugebook.checks import check_positive_ints
+from gaugebook.checks import check_number, check_positive_ints
 from gaugebook.linalg import DTYPE, check_invertible, check_permutation
 from gaugebook.rope import check_rotary_dim
 
@@ -209,6 +211,22 @@ class ContinuousFactor(Factor):
         r"""The group element :math:`\exp(X)` for an algebra element ``X`` (unchecked,
         differentiable; ``options`` as in :meth:`lie_basis`)."""
         return cls.unchecked(X, target=target, **options)
+
+    @classmethod
+    def random(cls, module: nn.Module, *, scale: float = 0.3, target: str = "",
+               generator: torch.Generator | None = None, **options) -> "ContinuousFactor":
+        r"""A random element :math:`\exp(X)`, :math:`X = \text{scale} \sum_k z_k B_k` with
+        :math:`z_k \sim N(0, 1)` over :meth:`lie_basis` at ``module`` (the submodule at
+        ``target``), validated; ValueError where the family has no algebra there (a GELU MLP has
+        no rescaling). Builds the basis: for layers of a size to check by hand."""
+        check_number("scale", scale, low=0.0, strict=True)
+        basis = cls.lie_basis(module, **options)  # (k, *shape)
+        if len(basis) == 0:
+            raise ValueError(f"{cls.__name__} has no Lie algebra at this "
+                             f"{type(module).__name__}: nothing to draw")
+        z = torch.randn(len(basis), generator=generator, dtype=DTYPE)
+        X = torch.einsum("k,k...->...", scale * z.to(basis.device), basis.to(DTYPE))
+        return cls(cls.exp(X, **options).parameter, target=target, **options)
 
     @classmethod
     def near_identity(cls, X: torch.Tensor, *, target: str = "",

@@ -119,3 +119,21 @@ def test_momentum_map_refuses_shapes_that_would_broadcast():
         momentum_map(m, QKTransform, dict(p, W_Q=p["W_Q"][0]))
     with pytest.raises(ValueError, match=r"one shift per key/value group.*got \(3,\)"):
         tangent_map(m, KeyBiasShift, basis=torch.zeros(2, 3))
+
+
+def test_a_random_element_of_any_continuous_family():
+    """Seeded, validated, near the identity for a small scale; refused where the family has no
+    algebra (a GELU MLP has no rescaling) and for a scale that is not positive."""
+    from gaugebook.gpt_gauge import HiddenRescaling
+
+    gpt = GPT(GPTConfig(11, 6, 1, 2, 8, activation="prelu"))
+    mlp = gpt.blocks[0].mlp
+    a, b = (HiddenRescaling.random(mlp, target="blocks.0.mlp",
+                                   generator=torch.Generator().manual_seed(1)) for _ in range(2))
+    assert torch.equal(a.s, b.s) and a.s.shape == (32,) and (a.s > 0).all()
+    small = LayerNormScale.random(gpt.blocks[0], scale=1e-3, which="ln_1")
+    assert (small.parameter - 1).abs().max() < 0.01 and small.which == "ln_1"
+    with pytest.raises(ValueError, match="HiddenRescaling has no Lie algebra at this MLP"):
+        HiddenRescaling.random(GPT(GPTConfig(11, 6, 1, 2, 8)).blocks[0].mlp)
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        HiddenRescaling.random(mlp, scale=0.0)

@@ -199,19 +199,15 @@ def test_every_declared_symmetry_has_a_case_here():
 
 
 def draw(case: Case, model, gen, scale=0.3):
-    """A random element of the case's family (through its Lie algebra when continuous) with the
-    validated constructor."""
+    """A random element of the case's family: the discrete ones by the case's own draw, the
+    continuous ones by the library's (``ContinuousFactor.random``, through the Lie algebra)."""
     module = case.module(model)
     options = case.options or {}
     if case.random is not None:
         f = case.random(module, gen)
         return type(f)(f.__dict__[_field(type(f))], target=case.target)
-    basis = case.family.lie_basis(module, **options)
-    assert len(basis) > 0
-    X = torch.einsum("k,k...->...", scale * torch.randn(len(basis), generator=gen,
-                                                        dtype=torch.float64), basis)
-    raw = case.family.exp(X, **options)
-    return case.family(getattr(raw, _field(case.family)), target=case.target, **options)
+    return case.family.random(module, scale=scale, target=case.target, generator=gen,
+                              **options)
 
 
 def params(model):
