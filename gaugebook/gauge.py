@@ -236,6 +236,7 @@ class _GroupShift(TranslationFactor):
     named ``width``, on the coordinates :meth:`free` (needs learned biases)."""
 
     acts_on: ClassVar = MultiHeadAttention
+    ndim: ClassVar = 2
     shape_doc: ClassVar = "[n_kv_heads, width]"
     width: ClassVar[str]
 

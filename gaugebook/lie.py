@@ -283,15 +283,15 @@ class MatrixFactor(ContinuousFactor):
 
 class TranslationFactor(ContinuousFactor):
     r"""A factor whose parameter :math:`t` adds (an abelian group of translations):
-    :math:`\exp(X) = X`, inverse :math:`-t`, composition adds. ``shape_doc`` describes the
-    parameter's shape."""
+    :math:`\exp(X) = X`, inverse :math:`-t`, composition adds. ``ndim`` is the parameter's
+    number of dimensions, ``shape_doc`` its shape in words (for messages)."""
 
+    ndim: ClassVar[int] = 1
     shape_doc: ClassVar[str] = "[n]"
 
     def __post_init__(self):
         name = _parameter(self)
-        ndim = self.shape_doc.count(",") + 1
-        value = _checked(getattr(self, name), f"{type(self).__name__}.{name}", ndim,
+        value = _checked(getattr(self, name), f"{type(self).__name__}.{name}", self.ndim,
                          self.shape_doc)
         object.__setattr__(self, name, value)
 
@@ -306,14 +306,14 @@ class ScalingFactor(ContinuousFactor):
     (``positive``) or only non-zero: :math:`\exp(X) = e^X` (the identity component), inverse
     :math:`1/s`, composition multiplies."""
 
+    ndim: ClassVar[int] = 1  #: as for :class:`TranslationFactor`
     shape_doc: ClassVar[str] = "[n]"
     positive: ClassVar[bool] = True
 
     def __post_init__(self):
         name = _parameter(self)
         full = f"{type(self).__name__}.{name}"
-        value = _checked(getattr(self, name), full, self.shape_doc.count(",") + 1,
-                         self.shape_doc)
+        value = _checked(getattr(self, name), full, self.ndim, self.shape_doc)
         if self.positive and not (value > 0).all():
             raise ValueError(f"{full} must be positive and finite")
         if (value == 0).any():

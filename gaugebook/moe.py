@@ -293,6 +293,7 @@ class ExpertRescaling(ScalingFactor):
 
     a: torch.Tensor  #: [E, d_hidden]
     acts_on: ClassVar = MoE
+    ndim: ClassVar = 2
     shape_doc: ClassVar = "[n_experts, d_hidden]"
 
     @classmethod
