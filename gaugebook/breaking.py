@@ -35,7 +35,7 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_positive_ints
-from gaugebook.lie import drawn_gauge
+from gaugebook.lie import attention_terms
 from gaugebook.linalg import numerical_rank
 
 __all__ = ["BREAKING_MODES", "QUERY_MEAN", "QUERY_STD", "VALUE_STD", "query_distribution",
@@ -190,11 +190,11 @@ def redundancy_count(m: ShiftedAttention) -> int:
     r"""Redundancy of attention under fixed draws (no RoPE,
     :math:`d_\text{head}, d_\text{value} \le d_\text{model}`).
 
-    :func:`~gaugebook.lie.drawn_gauge` with ``d_out = d_model``, ``r_q`` the rank of the query
-    draws (of their differences when the layer has learned biases) and ``r_v`` likewise for the
-    value draws,
-    plus per key/value group :math:`d_\text{head}` from a learned :math:`b_K` (it still cancels)
-    and :math:`d_\text{value}` from a learned :math:`b_V` (absorbed by :math:`b_O`).
+    :func:`~gaugebook.lie.attention_terms` with ``d_in = d_out = d_model`` and the draws' ranks:
+    ``r_q`` of the query draws (of their differences when the layer has learned biases), ``r_v``
+    likewise for the value draws (:func:`~gaugebook.lie.drawn_gauge`), plus per key/value group
+    :math:`d_\text{head}` from a learned :math:`b_K` (it still cancels) and
+    :math:`d_\text{value}` from a learned :math:`b_V` (absorbed by :math:`b_O`).
     """
     a = m.attn
     if a.rope:
@@ -202,8 +202,7 @@ def redundancy_count(m: ShiftedAttention) -> int:
     if max(a.d_head, a.d_value) > a.d_model:
         raise ValueError(f"the prediction assumes d_head, d_value <= d_model, got d_head="
                          f"{a.d_head}, d_value={a.d_value}, d_model={a.d_model}")
-    b, dk, dv = int(a.has_bias), a.d_head, a.d_value
-    r_q, r_v = _draw_rank(m.query_shifts, a.has_bias), _draw_rank(m.value_shifts, a.has_bias)
-    qk, vo = drawn_gauge(n_kv_heads=a.n_kv_heads, d_head=dk, d_value=dv, d_out=a.d_model,
-                         r_q=r_q, r_v=r_v)
-    return qk + vo + a.n_kv_heads * b * (dk + dv)
+    draws = (_draw_rank(m.query_shifts, a.has_bias), _draw_rank(m.value_shifts, a.has_bias))
+    return sum(attention_terms(d_in=a.d_model, d_out=a.d_model, n_kv_heads=a.n_kv_heads,
+                               group_size=a.group_size, d_head=a.d_head, d_value=a.d_value,
+                               bias=a.has_bias, draws=draws).values())

@@ -59,7 +59,7 @@ from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
                                  ResidualCentring)
-from gaugebook.lie import attention_terms, drawn_gauge, tangent_map
+from gaugebook.lie import attention_terms, tangent_map
 
 __all__ = ["TERMS", "OUTPUTS", "COUNTED", "MIN_LAYER_NORM_EPS", "MIN_COUNTED_WIDTH",
            "LogProbabilities", "redundancy_terms", "block_terms", "redundancy_count",
@@ -151,12 +151,12 @@ def block_terms(*, d_model: int, n_head: int, n_kv_head: int, bias: bool, activa
     if breaks and (rope or d > D_in):
         raise ValueError("the count for symmetry-breaking biases without learned biases covers "
                          "attention without RoPE and with d_head < n_embd")
+    # with breaking and no learned biases: the means, one query draw and one value draw where
+    # its mean is nonzero (learned biases absorb a fixed shift: the symmetric count)
+    draws = (1, int(symmetry_breaking == "bqv" and mu_v != 0.0)) if breaks else None
     sectors = attention_terms(d_in=D_in, d_out=D_out, n_kv_heads=Hkv, group_size=G, d_head=d,
-                              d_value=d, bias=bias, rope=rope, rotary_dim=d if rope else 0)
-    if breaks:  # the means: one query draw, one value draw where its mean is nonzero
-        sectors["qk_gauge"], sectors["vo_gauge"] = drawn_gauge(
-            n_kv_heads=Hkv, d_head=d, d_value=d, d_out=D_out, r_q=1,
-            r_v=int(symmetry_breaking == "bqv" and mu_v != 0.0))
+                              d_value=d, bias=bias, rope=rope, rotary_dim=d if rope else 0,
+                              draws=draws)
     # the other terms: the dimensions of the gpt_gauge factors' algebras, read off a block
     # built on the meta device (shapes only, no memory: GPT-2 small's blocks too)
     with torch.device("meta"):

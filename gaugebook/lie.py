@@ -609,7 +609,8 @@ def drawn_gauge(*, n_kv_heads: int, d_head: int, d_value: int, d_out: int, r_q: 
 
 def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, d_head: int,
                     d_value: int, bias: bool, rope: bool | str = False,
-                    rotary_dim: int | None = None) -> dict[str, int]:
+                    rotary_dim: int | None = None,
+                    draws: tuple[int, int] | None = None) -> dict[str, int]:
     r"""Redundant directions of one attention layer at generic weights, by sector:
     ``qk_gauge``, ``key_bias``, ``vo_gauge``, ``value_bias``.
 
@@ -630,7 +631,10 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
       that :math:`b_O` absorbs.
 
     ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
-    RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE.
+    RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE. ``draws``:
+    the ranks ``(r_q, r_v)`` of fixed symmetry-breaking draws (:mod:`gaugebook.breaking`), whose
+    weight gauge :func:`drawn_gauge` gives in place of the QK and VO terms (no RoPE); the bias
+    terms stay, as learned biases still cancel or are absorbed.
     """
     check_positive_ints(d_in=d_in, d_out=d_out, n_kv_heads=n_kv_heads, group_size=group_size,
                         d_head=d_head, d_value=d_value)
@@ -647,5 +651,12 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
         qk = (rotary_dim if rope else 0) + factor_redundancy(G * (D + b), D, u)
         key_bias = b * u
     vo = factor_redundancy(D, G * d_out, d_value)
-    return dict(qk_gauge=n_kv_heads * qk, key_bias=n_kv_heads * key_bias,
-                vo_gauge=n_kv_heads * vo, value_bias=n_kv_heads * b * d_value)
+    terms = dict(qk_gauge=n_kv_heads * qk, key_bias=n_kv_heads * key_bias,
+                 vo_gauge=n_kv_heads * vo, value_bias=n_kv_heads * b * d_value)
+    if draws is not None:
+        if rope:
+            raise ValueError("the count under fixed draws covers attention without RoPE")
+        r_q, r_v = draws
+        terms["qk_gauge"], terms["vo_gauge"] = drawn_gauge(
+            n_kv_heads=n_kv_heads, d_head=d_head, d_value=d_value, d_out=d_out, r_q=r_q, r_v=r_v)
+    return terms

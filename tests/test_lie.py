@@ -137,3 +137,15 @@ def test_a_random_element_of_any_continuous_family():
         HiddenRescaling.random(GPT(GPTConfig(11, 6, 1, 2, 8)).blocks[0].mlp)
     with pytest.raises(ValueError, match="scale must be finite and > 0"):
         HiddenRescaling.random(mlp, scale=0.0)
+
+
+def test_attention_terms_under_fixed_draws_take_the_drawn_gauge_and_keep_the_biases():
+    from gaugebook.lie import drawn_gauge
+
+    shape = dict(d_in=8, d_out=8, n_kv_heads=2, group_size=2, d_head=3, d_value=4, bias=True)
+    plain, drawn = attention_terms(**shape), attention_terms(**shape, draws=(2, 1))
+    assert (drawn["qk_gauge"], drawn["vo_gauge"]) == drawn_gauge(
+        n_kv_heads=2, d_head=3, d_value=4, d_out=8, r_q=2, r_v=1) == (2 * (9 - 6), 2 * 16 - 8)
+    assert (drawn["key_bias"], drawn["value_bias"]) == (plain["key_bias"], plain["value_bias"])
+    with pytest.raises(ValueError, match="without RoPE"):
+        attention_terms(**shape, rope=True, draws=(1, 0))
