@@ -148,4 +148,4 @@ def test_attention_terms_under_fixed_draws_take_the_drawn_gauge_and_keep_the_bia
         n_kv_heads=2, d_head=3, d_value=4, d_out=8, r_q=2, r_v=1) == (2 * (9 - 6), 2 * 16 - 8)
     assert (drawn["key_bias"], drawn["value_bias"]) == (plain["key_bias"], plain["value_bias"])
     with pytest.raises(ValueError, match="without RoPE"):
-        attention_terms(**shape, rope=True, draws=(1, 0))
+        attention_terms(**{**shape, "d_head": 4}, rope=True, draws=(1, 0))
