@@ -306,7 +306,7 @@ class ScalingFactor(ContinuousFactor):
     (``positive``) or only non-zero: :math:`\exp(X) = e^X` (the identity component), inverse
     :math:`1/s`, composition multiplies."""
 
-    ndim: ClassVar[int] = 1  #: as for :class:`TranslationFactor`
+    ndim: ClassVar[int] = 1  #: the number of dimensions of the parameter
     shape_doc: ClassVar[str] = "[n]"
     positive: ClassVar[bool] = True
 
