@@ -32,8 +32,7 @@ import torch
 from torch.func import stack_module_state
 
 from gaugebook.data import DefaultCorpus
-from gaugebook.decision_plots import bias_pace
-from gaugebook.experiment import override, run_many, select_runs
+from gaugebook.experiment import bias_pace, override, run_many, select_runs
 from gaugebook.gpt import GPT
 from gaugebook.optim import make_optimizer
 from gaugebook.step_graph import CapturedStep

@@ -75,15 +75,17 @@ def check_finite(name: str, value) -> float:
 
 
 def check_finite_tensors(module: nn.Module, *inputs) -> None:
-    """ValueError naming the first parameter or buffer of ``module``, or the first tensor among
-    ``inputs``, that holds a NaN or an infinity. A non-finite weight can hide: the fused CPU
-    attention kernel turns NaN scores into finite outputs, so a gauge check on such a model
+    """ValueError naming the first parameter of ``module``, or the first tensor among ``inputs``,
+    that holds a NaN or an infinity, or the first buffer that holds a NaN (an infinite buffer
+    can be a mask: ``-inf`` above a causal diagonal). A non-finite weight can hide: the fused
+    CPU attention kernel turns NaN scores into finite outputs, so a gauge check on such a model
     would measure nothing."""
-    for kind, named in (("parameter", module.named_parameters()),
-                        ("buffer", module.named_buffers())):
-        for name, t in named:
-            if t.is_floating_point() and not torch.isfinite(t).all():
-                raise ValueError(f"{kind} {name} of {type(module).__name__} is not finite")
+    for name, t in module.named_parameters():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"parameter {name} of {type(module).__name__} is not finite")
+    for name, t in module.named_buffers():
+        if t.is_floating_point() and torch.isnan(t).any():
+            raise ValueError(f"buffer {name} of {type(module).__name__} holds a NaN")
     for i, t in enumerate(inputs):
         if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"input {i} (shape {tuple(t.shape)}) is not finite")

@@ -25,15 +25,15 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from gaugebook.plots import PALETTE, range_band
-from gaugebook.results import (BASELINE, HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table,
-                               arm_of, common_steps, final_statistic, find_results,
-                               interval_text, load_runs, pairs_by_seed, rounded)
+from gaugebook.results import (HELPS_BELOW, LAST_EVALUATIONS, Decision, Run, Table, arm_of,
+                               common_steps, final_statistic, find_results, interval_text,
+                               load_runs, pairs_by_seed, rounded)
 
 __all__ = ["PAPER_RESULTS", "RECORDED_PRESETS", "reduced_paper_configs", "recorded_paper_runs",
            "recorded_paper_arms", "complete_recorded_runs", "paper_runs", "seed_band",
            "path_ratio", "ROW_LABELS",
            "band_panels", "paired_deltas", "delta_panels", "decision_table", "sweep_statistics",
-           "best_rates", "sweep_panels", "SYMMETRY_COLOR", "SYMMETRY_MARKER", "bias_pace"]
+           "best_rates", "sweep_panels", "SYMMETRY_COLOR", "SYMMETRY_MARKER"]
 
 PAPER_RESULTS = "results/gpu/paper"
 #: Where each preset of the decisive experiment is recorded (see ``results/README.md``).
@@ -427,20 +427,3 @@ def sweep_panels(stats: dict[tuple[str, float, str], float], *, span: float = 0.
     order = [s for s in SYMMETRY_COLOR if s in legend] + sorted(set(legend) - set(SYMMETRY_COLOR))
     _legend_below(fig, {label: legend[label] for label in order}, ncol=2, title=title)
     return fig
-
-
-def bias_pace(benchmark: dict) -> float:
-    """What the biases cost in a grid benchmark (``benchmarks/bench_grid.py``): the steady-state
-    tokens/s of the part's AdamW run with ``bqv`` over that of its symmetric twin, both trained
-    as separate processes at the same time. The runs are told apart by the configs of the
-    benchmark's ``preset`` and ``part``; ValueError when the separate phase lacks either."""
-    from gaugebook.experiment import select_runs
-
-    speed = benchmark.get("separate", {}).get("per_run_tokens_per_s", {})
-    adamw = {c.symmetry: c.name for c in select_runs(benchmark["preset"], benchmark["part"])
-             if c.optimizer == "adamw" and c.name in speed}
-    missing = sorted({BASELINE, "bqv"} - set(adamw))
-    if missing:
-        raise ValueError(f"the benchmark's separate phase has no AdamW run with {missing} "
-                         f"(parts {benchmark['part']!r} of preset {benchmark['preset']!r})")
-    return speed[adamw["bqv"]] / speed[adamw[BASELINE]]

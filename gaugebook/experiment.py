@@ -46,7 +46,7 @@ from gaugebook.training import (check_distinct_names, check_runs, cohorts,
 
 __all__ = ["RunConfig", "presets", "select_runs", "plan_parts", "override", "train",
            "train_batched", "run_many", "main", "provenance", "write_json_atomic",
-           "optimizer_state_bytes", "PAPER_DECISION"]
+           "optimizer_state_bytes", "PAPER_DECISION", "bias_pace"]
 
 # Optimizer settings of the `gpu` preset. The paper's code (124M model, 500M tokens): ECD lr 1
 # (dt 0.1), eta 100, F0 2.0; AdamW lr 1e-4; SGDM lr 0.03, momentum 0.95 (Nesterov); SOAP lr 3e-4,
@@ -246,6 +246,26 @@ def select_runs(preset: str, part: str | None = None) -> list[RunConfig]:
     if len(set(names)) < len(names):
         raise ValueError(f"part {part!r} names a part twice")
     return [run for name in names for run in parts[name]]
+
+
+def bias_pace(benchmark: dict, *, activation: str = "prelu") -> float:
+    """What the biases cost in a grid benchmark (``benchmarks/bench_grid.py``): the steady-state
+    tokens/s of the AdamW run with ``bqv`` over that of its symmetric twin (same ``activation``,
+    seed and tag), both trained as separate processes at the same time. The runs are told apart
+    by the configs of the benchmark's ``preset`` and ``part``; ValueError unless its separate
+    phase holds exactly one such pair."""
+    speed = benchmark.get("separate", {}).get("per_run_tokens_per_s", {})
+    pairs: dict[tuple, dict[str, str]] = {}  # (seed, tag) -> {symmetry: run name}
+    for c in select_runs(benchmark["preset"], benchmark["part"]):
+        if c.optimizer == "adamw" and c.activation == activation and c.name in speed:
+            pairs.setdefault((c.seed, c.tag), {})[c.symmetry] = c.name
+    complete = [p for p in pairs.values() if {"symmetric", "bqv"} <= set(p)]
+    if len(complete) != 1:
+        raise ValueError(f"the benchmark's separate phase has {len(complete)} pairs of "
+                         f"symmetric and bqv {activation} AdamW runs of one seed and tag, not "
+                         f"one (parts {benchmark['part']!r} of preset {benchmark['preset']!r})")
+    (pair,) = complete
+    return speed[pair["bqv"]] / speed[pair["symmetric"]]
 
 
 def plan_parts(preset: str, recorded, wall_s: float, margin: float = 0.9, *,

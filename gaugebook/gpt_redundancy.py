@@ -271,21 +271,29 @@ def redundancy_count(model: Block | GPT | LogProbabilities) -> int:
         raise TypeError(f"expected a Block, GPT or LogProbabilities, got {type(model).__name__}")
     if isinstance(model, Block):
         return sum(block_terms(**_block_shape(model), in_gpt=False).values())
-    if isinstance(model, GPT):
-        return sum(redundancy_terms(model.config, output="logits").values())
-    return sum(redundancy_terms(model.gpt.config, output="log_probs").values())
+    gpt = model if isinstance(model, GPT) else model.gpt
+    swapped = [i for i, block in enumerate(gpt.blocks)
+               if _activation_name(block.mlp.act) != gpt.config.activation]
+    if swapped:  # the count reads the config, which no longer describes these blocks
+        raise ValueError(f"blocks {swapped} do not use the config's activation "
+                         f"{gpt.config.activation!r}: no count for a model changed by hand")
+    output = "logits" if isinstance(model, GPT) else "log_probs"
+    return sum(redundancy_terms(gpt.config, output=output).values())
 
 
-def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tensor]:
+def redundant_directions(model: GPT | LogProbabilities, *,
+                         trainable_only: bool = True) -> dict[str, torch.Tensor]:
     """Tangent vectors of every term of :func:`redundancy_terms`, as ``{term: [n_params, k]}``.
 
-    Rows follow the flat parameter order of ``model.named_parameters()`` (that of
-    :func:`gaugebook.redundancy.jacobian`), so ``jacobian(model, idx) @ V`` should vanish for every
+    Rows follow the flat order of the trainable parameters of ``model.named_parameters()``
+    (that of :func:`gaugebook.redundancy.jacobian`; all parameters with
+    ``trainable_only=False``), so ``jacobian(model, idx) @ V`` should vanish for every
     term, and all columns together should span the Jacobian's null space. Each column is the
     derivative of a one-parameter family of symmetries at the identity
     (:func:`gaugebook.lie.tangent_map` of the factors of :mod:`gaugebook.gauge` and
     :mod:`gaugebook.gpt_gauge`). Covers learned positions, RoPE and gated RoPE, not
-    symmetry-breaking biases.
+    symmetry-breaking biases, nor LayerNorm ``eps = 0``, where the residual-stream scaling
+    (:class:`~gaugebook.gpt_gauge.StreamScaling`, no term) is exact too.
     """
     gpt = model.gpt if isinstance(model, LogProbabilities) else model
     if not isinstance(gpt, GPT):
@@ -294,12 +302,16 @@ def redundant_directions(model: GPT | LogProbabilities) -> dict[str, torch.Tenso
     if c.symmetry_breaking is not None:
         raise ValueError("redundant_directions covers learned positions, RoPE and gated RoPE, "
                          "without symmetry-breaking biases")
+    if c.layer_norm_eps == 0:
+        raise ValueError("redundant_directions covers layer_norm_eps > 0: at eps = 0 the "
+                         "residual-stream scaling (StreamScaling) is a symmetry too")
     root = ["gpt"] if isinstance(model, LogProbabilities) else []
     cols = {name: [] for name in TERMS}
 
     def add(term, family, target, basis=None, **options):  # columns of one factor family
         path = ".".join(root + ([target] if target else []))
-        cols[term].append(tangent_map(model, family, path, basis, **options))
+        cols[term].append(tangent_map(model, family, path, basis,
+                                      trainable_only=trainable_only, **options))
 
     for i in range(c.n_layer):
         p = f"blocks.{i}"

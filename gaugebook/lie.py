@@ -120,9 +120,11 @@ class Factor:
     def shape(cls, module: nn.Module, **options) -> tuple | None:
         """The shape the factor's parameter must have at ``module`` (``None``: not checked
         here). ``options`` are the factor's other fields (e.g. which LayerNorm). Where the
-        symmetry is absent at ``module`` (a GELU MLP has no rescaling), a shape with a zero
-        dimension: its Lie algebra is then empty, and every count and tangent map built from it
-        reads 0 without a special case."""
+        symmetry is absent at ``module``, its Lie algebra is empty, so that every count and
+        tangent map built from it reads 0 without a special case: by default
+        (:meth:`ContinuousFactor.lie_basis`) because the shape has a zero dimension (a GELU MLP
+        has no rescaling), or because the family's own ``lie_basis`` has no element (the bias
+        shifts of a layer without biases)."""
         return None
 
     @property
@@ -473,6 +475,8 @@ def momentum_map(model: nn.Module, family: type[ContinuousFactor], momenta: dict
         factor = family.near_identity(X, **options)
         factor.check(module)  # a shape that would broadcast is an error, not a shared matrix
         moved = factor.transform(params, module)
+        if not moved:  # the symmetry is absent here (position centring with RoPE): mu = 0
+            return torch.zeros(shape, dtype=DTYPE, device=X.device)
         missing = sorted(set(moved) - set(momenta))
         if missing:
             raise ValueError(f"{family.__name__} moves {missing}, which have no momentum")
@@ -633,8 +637,11 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
     ``rope`` is ``False``, ``True`` or ``"gated"``; ``rotary_dim`` defaults to ``d_head`` with
     RoPE, as in :class:`~gaugebook.attention.MultiHeadAttention`, and needs RoPE. ``draws``:
     the ranks ``(r_q, r_v)`` of fixed symmetry-breaking draws (:mod:`gaugebook.breaking`), whose
-    weight gauge :func:`drawn_gauge` gives in place of the QK and VO terms (no RoPE); the bias
-    terms stay, as learned biases still cancel or are absorbed.
+    weight gauge :func:`drawn_gauge` gives in place of the QK and VO terms (no RoPE,
+    :math:`d_\text{head}, d_\text{value} \le d_\text{in}` and
+    :math:`d_\text{value} \le G\, d_\text{out}`, where the terms without draws are
+    :math:`d_\text{head}^2` and :math:`d_\text{value}^2`); the bias terms stay, as learned
+    biases still cancel or are absorbed.
     """
     check_positive_ints(d_in=d_in, d_out=d_out, n_kv_heads=n_kv_heads, group_size=group_size,
                         d_head=d_head, d_value=d_value)
@@ -656,6 +663,13 @@ def attention_terms(*, d_in: int, d_out: int, n_kv_heads: int, group_size: int, 
     if draws is not None:
         if rope:
             raise ValueError("the count under fixed draws covers attention without RoPE")
+        if max(d_head, d_value) > D or d_value > G * d_out:
+            raise ValueError(f"the count under fixed draws assumes d_head, d_value <= d_in and "
+                             f"d_value <= group_size * d_out, got d_head={d_head}, "
+                             f"d_value={d_value}, d_in={D}, group_size={G}, d_out={d_out}")
+        if not (isinstance(draws, tuple) and len(draws) == 2
+                and all(type(r) is int and r >= 0 for r in draws)):
+            raise ValueError(f"draws must be a pair (r_q, r_v) of integers >= 0, got {draws!r}")
         r_q, r_v = draws
         terms["qk_gauge"], terms["vo_gauge"] = drawn_gauge(
             n_kv_heads=n_kv_heads, d_head=d_head, d_value=d_value, d_out=d_out, r_q=r_q, r_v=r_v)

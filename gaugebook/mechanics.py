@@ -234,22 +234,40 @@ def flow_invariants(model: nn.Module) -> dict[str, Sectors]:
 
 def flow_invariant(model: nn.Module, family: type[ContinuousFactor], target: str = "",
                    **options) -> torch.Tensor:
-    r"""The momentum map of any declared family at :math:`p = \theta`:
-    :math:`C[X] = \langle \theta, \xi_X(\theta) \rangle` for every generator :math:`X`
-    (:math:`\xi_X(\theta)` the tangent vector, :func:`gaugebook.lie.tangent_map`), shaped like
-    the family's parameter, from the parameters of the submodule at ``target``; ``options``: the
-    factor's other fields (``which="ln_1"``).
+    r"""The gradient-flow invariant of one declared family: the momentum map at
+    :math:`p = \theta`, :math:`C[X] = \langle \theta, \xi_X(\theta) \rangle` for every
+    generator :math:`X` of the family's Lie algebra (:math:`\xi_X(\theta)` the tangent vector,
+    :func:`gaugebook.lie.tangent_map`), returned as the orthogonal projection of
+    :func:`gaugebook.lie.momentum_map` onto the span of ``family.lie_basis`` (a proper subspace
+    with RoPE), shaped like the family's parameter. ``target``: the submodule it acts on;
+    ``options``: the factor's other fields (``which="ln_1"``). It builds the Lie basis, so it is
+    for layers of a size to check by hand; :func:`flow_invariants` gives the attention ones of
+    a large model.
 
-    Gradient flow conserves it when the action is linear, :math:`\xi_X(\theta) = A_X \theta`,
-    with generators closed under transposition (:math:`A_X^\top = A_Y` for a generator
-    :math:`Y`: :math:`\GL` per head, the RoPE commutant, positive rescalings), or a translation
-    by a fixed vector: then :math:`dC[X]/dt = -\langle \nabla\mathcal L, A_X \theta + A_X^\top
-    \theta \rangle = 0`, as invariance makes :math:`\nabla\mathcal L` orthogonal to every
-    tangent vector. A gradient-descent step changes it by :math:`O(\mathrm{lr}^2)`. For
-    :class:`~gaugebook.gauge.QKTransform` it is :func:`flow_invariants`' :math:`C_{QK}`; for
-    :class:`~gaugebook.gpt_gauge.HiddenRescaling`, unit :math:`j`'s balance
-    :math:`\|w^\text{in}_j\|^2 + b_j^2 - \|w^\text{out}_j\|^2`. Actions whose direction
-    depends on other parameters (:class:`~gaugebook.gpt_gauge.ReaderCentring`, along
-    :math:`1/\gamma`) meet neither condition."""
+    Gradient flow conserves it when the family is an exact symmetry, every parameter it moves
+    is trained, and its action is linear, :math:`\xi_X(\theta) = A_X \theta`, with generators
+    closed under transposition (:math:`A_X^\top = A_Y` for a generator :math:`Y`), or a
+    translation by a fixed vector: then :math:`dC[X]/dt = -\langle \nabla\mathcal L,
+    A_X \theta + A_X^\top \theta \rangle = 0`, since invariance makes
+    :math:`\nabla\mathcal L` orthogonal to every tangent vector. A gradient-descent step then
+    changes it by :math:`O(\mathrm{lr}^2)`: the linear families :class:`~gaugebook.gauge.QKTransform`
+    (:math:`C_{QK}` of :func:`flow_invariants`), :class:`~gaugebook.gauge.VOTransform`,
+    :class:`~gaugebook.gpt_gauge.LayerNormScale`, :class:`~gaugebook.gpt_gauge.HiddenRescaling`
+    (unit :math:`j`'s balance :math:`\|w^\text{in}_j\|^2 + b_j^2 - \|w^\text{out}_j\|^2`) and
+    :class:`~gaugebook.moe.ExpertRescaling`; not at all: the fixed translations
+    :class:`~gaugebook.gauge.KeyBiasShift`, :class:`~gaugebook.gpt_gauge.ResidualCentring`,
+    :class:`~gaugebook.gpt_gauge.PositionCentring`, :class:`~gaugebook.gpt_gauge.EmbeddingShift`
+    and :class:`~gaugebook.moe.RouterShift`. Translations along a direction that other
+    parameters set (:class:`~gaugebook.gauge.ValueBiasShift`, :math:`b_O` along :math:`W_O`;
+    :class:`~gaugebook.gpt_gauge.LayerNormShift`; :class:`~gaugebook.gpt_gauge.ReaderCentring`,
+    along :math:`1/\gamma`) and :class:`~gaugebook.gpt_gauge.StreamScaling` (exact only at
+    LayerNorm ``eps = 0``) change at first order."""
     module = model.get_submodule(target)
-    return momentum_map(model, family, float64_parameters(module), target, **options)
+    mu = momentum_map(model, family, float64_parameters(module), target, **options)
+    basis = family.lie_basis(module, **options).to(mu).flatten(1)  # (k, n)
+    if len(basis) == mu.numel():  # the algebra is the whole space of the parameter
+        return mu
+    if len(basis) == 0:
+        return torch.zeros_like(mu)
+    coefficients = torch.linalg.lstsq(basis.T, mu.reshape(-1, 1)).solution  # (k, 1)
+    return (basis.T @ coefficients).reshape(mu.shape)

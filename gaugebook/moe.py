@@ -259,7 +259,6 @@ class ExpertPermutation(PermutationFactor):
         return out
 
 
-
 @dataclass(frozen=True, eq=False)
 class RouterShift(TranslationFactor):
     r""":math:`W_r \to W_r + c \mathbf{1}^\top` and, with a router bias, :math:`b_r \to b_r + s`:
@@ -339,7 +338,6 @@ class ExpertHiddenPermutation(PermutationFactor):
                 "b_in": params["b_in"].gather(-1, perm.expand(params["b_in"].shape)),
                 "W_out": params["W_out"].gather(-2, perm[:, :, None].expand(
                     params["W_out"].shape))}
-
 
 
 def permute_experts(moe: MoE, perm) -> MoE:

@@ -22,8 +22,8 @@ stabiliser (group elements near the identity that fix :math:`\theta`). The actio
 the identity exactly when the stabiliser dimension is 0. Head permutations are discrete and add
 no tangent vector. Chapters 4 and 10 of the book use these to compare the orbit with the fibre
 (the null space of the Jacobian, :mod:`gaugebook.redundancy`). For a whole GPT the same measures
-take every continuous symmetry that :mod:`gaugebook.gpt_gauge` declares as well
-(:func:`gaugebook.gpt_redundancy.redundant_directions`).
+take the continuous symmetries of :mod:`gaugebook.gpt_gauge` that the GPT's count has terms for
+as well (:func:`gaugebook.gpt_redundancy.redundant_directions`).
 
 The *balanced point* of an orbit is where the gradient-flow invariants of
 :mod:`gaugebook.mechanics` vanish: :math:`\tilde W_Q^\top \tilde W_Q = \tilde W_K^\top \tilde W_K`
@@ -70,12 +70,13 @@ def orbit_tangents(m: MultiHeadAttention | GPT | LogProbabilities) -> torch.Tens
     in row-major order), then key- and value-bias translations (with biases). For a
     :class:`~gaugebook.gpt.GPT` or :class:`~gaugebook.gpt_redundancy.LogProbabilities`: the
     directions of every term of :func:`~gaugebook.gpt_redundancy.redundant_directions`, in the
-    order of :data:`~gaugebook.gpt_redundancy.TERMS`. Each family's columns are
+    order of :data:`~gaugebook.gpt_redundancy.TERMS` (not at LayerNorm ``eps = 0``, where the
+    residual-stream scaling, which has no term, is exact too). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
     if isinstance(m, (GPT, LogProbabilities)):
         check_finite_tensors(m)
-        return torch.cat(list(redundant_directions(m).values()), dim=1)
+        return torch.cat(list(redundant_directions(m, trainable_only=False).values()), dim=1)
     _check(m)
     check_finite_tensors(m)
     per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
@@ -103,7 +104,7 @@ class OrbitDimension:
 def orbit_dimension(m: MultiHeadAttention | GPT | LogProbabilities, *,
                     rtol: float | None = None) -> OrbitDimension:
     r"""Dimension of the orbit through ``m``'s weights (an attention layer, or a whole GPT with
-    all its continuous symmetries): the numerical rank of
+    the continuous symmetries its count has terms for): the numerical rank of
     :func:`orbit_tangents` (zero when a singular value is at most ``rtol`` times the largest; by
     default ``rtol`` is :math:`\max(m, n)\, \epsilon` for :math:`T` of shape :math:`m \times n`,
     :math:`\epsilon` the float64 machine epsilon, as in :func:`gaugebook.redundancy.redundancy`)."""

@@ -70,23 +70,30 @@ def find_results(relative: str | Path, *, extra_roots=()) -> Path:
     of ``extra_roots``, or else in the copy installed with the package: a wheel carries
     ``results/`` and ``benchmarks/results/`` as ``gaugebook/_recorded/`` (see pyproject.toml),
     so a reader without a checkout (Colab, ``pip install``) has them too."""
-    here = Path.cwd().resolve()
-    package = Path(__file__).resolve().parent
-    roots = [here, *here.parents, package.parent, *map(Path, extra_roots), package / "_recorded"]
-    for root in roots:
-        if (root / relative).is_dir():
-            return root / relative
-    raise FileNotFoundError(
-        f"no folder {relative} under {here}, its parents or {[str(r) for r in extra_roots]}, "
-        "nor installed with the package (gaugebook/_recorded, which a wheel built from the "
-        "repository has): install gaugebook from https://github.com/gaugebook/gaugebook")
+    return _recorded(relative, extra_roots, "folder")
 
 
 def read_benchmark(name: str, *, extra_roots=()) -> dict:
     """The recorded benchmark ``benchmarks/results/<name>`` (a JSON file written by a script of
-    ``benchmarks/``), found as :func:`find_results` finds folders."""
-    return json.loads((find_results("benchmarks/results", extra_roots=extra_roots)
-                       / name).read_text())
+    ``benchmarks/``), searched for as :func:`find_results` searches for folders."""
+    return json.loads(_recorded(Path("benchmarks/results") / name, extra_roots, "file")
+                      .read_text())
+
+
+def _recorded(relative: str | Path, extra_roots, kind: str) -> Path:
+    """The first ``root / relative`` that is a ``kind`` (``"folder"`` or ``"file"``) over the
+    roots of :func:`find_results`."""
+    here = Path.cwd().resolve()
+    package = Path(__file__).resolve().parent
+    roots = [here, *here.parents, package.parent, *map(Path, extra_roots), package / "_recorded"]
+    exists = Path.is_dir if kind == "folder" else Path.is_file
+    for root in roots:
+        if exists(root / relative):
+            return root / relative
+    raise FileNotFoundError(
+        f"no {kind} {relative} under {here}, its parents or {[str(r) for r in extra_roots]}, "
+        "nor installed with the package (gaugebook/_recorded, which a wheel built from the "
+        "repository has): install gaugebook from https://github.com/gaugebook/gaugebook")
 
 
 def arm_of(optimizer: str, tag: str = "") -> str:

@@ -9,7 +9,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from gaugebook.decision_plots import (SYMMETRY_COLOR, SYMMETRY_MARKER,  # noqa: E402
-                                      band_panels, bias_pace,
+                                      band_panels,
                                       decision_table, delta_panels, paired_deltas,
                                       path_ratio, paper_runs,
                                       reduced_paper_configs, seed_band, best_rates,
@@ -308,17 +308,3 @@ def test_sweep_statistics_key_runs_by_arm_rate_and_symmetry_and_panels_draw_the_
         sweep_statistics(runs + [runs[0]])
     with pytest.raises(ValueError, match="more than one learning rate"):
         sweep_panels({("adamw", 1e-3, "symmetric"): 3.0})
-
-
-def test_bias_pace_is_adamw_bqv_over_symmetric_in_the_separate_phase():
-    """The part's AdamW runs are found by their configs, whatever the other runs measured."""
-    speeds = {"adamw-bqv-prelu-s0": 90.0, "adamw-symmetric-prelu-s0": 100.0,
-              "ecd-bqv-prelu-s0-pt": 1.0, "ecd-symmetric-prelu-s0-pt": 1000.0}
-    bench = {"preset": "paper", "part": "seed0-pt,seed0-adamw",
-             "separate": {"per_run_tokens_per_s": speeds}}
-    assert bias_pace(bench) == pytest.approx(0.9)
-    del speeds["adamw-symmetric-prelu-s0"]
-    with pytest.raises(ValueError, match=r"no AdamW run with \['symmetric'\]"):
-        bias_pace(bench)
-    with pytest.raises(ValueError, match=r"\['bqv', 'symmetric'\]"):
-        bias_pace({"preset": "paper", "part": "seed0-pt"})

@@ -525,3 +525,26 @@ def test_a_run_resumed_another_way_records_each_way(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CPP_WRAPPER", "1")  # the way a retry may take
     assert train(cfg, tmp_path / "other")["ways"] == [
         {"from_step": 0, **plain}, {"from_step": 4, **plain, "cpp_wrapper": True}]
+
+
+def test_bias_pace_is_adamw_bqv_over_its_symmetric_twin_in_the_separate_phase():
+    """The twin is found by the preset's configs: same activation, seed and tag; several
+    candidate pairs (the gpu preset's PReLU and GELU, a sweep's rates) are not guessed among."""
+    from gaugebook.experiment import bias_pace
+
+    speeds = {"adamw-bqv-prelu-s0": 90.0, "adamw-symmetric-prelu-s0": 100.0,
+              "adamw-bqv-gelu-s0": 50.0, "adamw-symmetric-gelu-s0": 100.0,
+              "ecd-bqv-prelu-s0-pt": 1.0, "ecd-symmetric-prelu-s0-pt": 1000.0}
+    gpu = {"preset": "gpu", "part": "seed0", "separate": {"per_run_tokens_per_s": speeds}}
+    assert bias_pace(gpu) == pytest.approx(0.9)
+    assert bias_pace(gpu, activation="gelu") == pytest.approx(0.5)
+    paper = dict(gpu, preset="paper", part="seed0-pt,seed0-adamw")
+    assert bias_pace(paper) == pytest.approx(0.9)
+    del speeds["adamw-symmetric-prelu-s0"]
+    with pytest.raises(ValueError, match="has 0 pairs of symmetric and bqv prelu AdamW runs"):
+        bias_pace(gpu)
+    sweep = {f"adamw-{s}-prelu-s0-lr={lr}": 1.0 for s in ("symmetric", "bqv")
+             for lr in ("0.0001", "0.0003")}
+    with pytest.raises(ValueError, match="has 2 pairs"):
+        bias_pace({"preset": "paper-lr", "part": "adamw",
+                   "separate": {"per_run_tokens_per_s": sweep}})

@@ -87,14 +87,19 @@ def test_standalone_block(kw):
     assert r.dimension == predicted_redundancy(block) and r.gap > 1e8
 
 
-
 def test_a_block_with_an_activation_swapped_in_is_refused_not_miscounted():
     """A ReLU put in by hand has the rescaling symmetry that GELU lacks: the count refuses it
-    (it was counted as GELU: 24 directions short)."""
+    (it was counted as GELU: 24 directions short), in a block and in a GPT whose config no
+    longer describes its blocks."""
     block = Block(config())
     block.mlp.act = torch.nn.ReLU()
     with pytest.raises(TypeError, match="MLP activation is ReLU: the counts cover"):
         predicted_redundancy(block)
+    gpt = GPT(config(activation="prelu"))  # a GELU where the config says PReLU
+    gpt.blocks[0].mlp.act = torch.nn.GELU()
+    with pytest.raises(ValueError, match=r"blocks \[0\] do not use the config's activation"):
+        predicted_redundancy(LogProbabilities(gpt))
+
 
 @pytest.mark.parametrize("kw", [dict(activation="prelu"), dict(n_kv_head=1, bias=False),
                                 dict(n_embd=8, rope=True), dict(n_embd=8, rope="gated"),

@@ -129,7 +129,6 @@ def test_ecd_path_is_the_optimizer(F, x0):
     assert torch.allclose(ref.v.norm(dim=1), torch.ones(31, dtype=F64))
 
 
-
 def test_ecd_path_starts_its_velocity_at_the_first_step_that_moves():
     """Step 1 sees F <= F0 and is skipped: the optimizer takes v = -g/|g| from step 2's gradient,
     and so does ecd_path (it took step 1's, and went elsewhere)."""
@@ -143,6 +142,7 @@ def test_ecd_path_starts_its_velocity_at_the_first_step_that_moves():
     assert torch.equal(path.x[1], path.x[0]) and torch.equal(path.v[0], path.v[1])
     g = 2 * (path.x[0] + shifts[1])  # step 2's gradient
     assert torch.allclose(path.v[0], -g / g.norm())
+
 
 def test_radial_start_on_the_sombrero_never_turns():
     """v0 = -g/|g| is radial, the angular momentum stays zero and the path is a straight line."""

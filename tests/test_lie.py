@@ -106,6 +106,7 @@ def test_momentum_map_reads_the_declared_shape_without_building_the_basis(monkey
         assert torch.equal(momentum_map(m, family, p), mu)
         assert mu.shape == family.shape(m)
 
+
 def test_momentum_map_refuses_shapes_that_would_broadcast():
     from gaugebook.gauge import KeyBiasShift, QKTransform
     from gaugebook.lie import tangent_map
@@ -147,5 +148,11 @@ def test_attention_terms_under_fixed_draws_take_the_drawn_gauge_and_keep_the_bia
     assert (drawn["qk_gauge"], drawn["vo_gauge"]) == drawn_gauge(
         n_kv_heads=2, d_head=3, d_value=4, d_out=8, r_q=2, r_v=1) == (2 * (9 - 6), 2 * 16 - 8)
     assert (drawn["key_bias"], drawn["value_bias"]) == (plain["key_bias"], plain["value_bias"])
+    assert attention_terms(**shape, draws=(0, 0)) == plain  # no draw: the plain count
     with pytest.raises(ValueError, match="without RoPE"):
         attention_terms(**{**shape, "d_head": 4}, rope=True, draws=(1, 0))
+    with pytest.raises(ValueError, match="assumes d_head, d_value <= d_in"):
+        attention_terms(**{**shape, "d_in": 2}, draws=(0, 0))  # the plain count is not d^2
+    for draws in ((1.5, 0), (1,), (-1, 0)):
+        with pytest.raises(ValueError, match="draws must be a pair"):
+            attention_terms(**shape, draws=draws)

@@ -381,20 +381,33 @@ def test_flow_invariant_of_a_declared_family_is_the_attention_one_and_the_unit_b
                           rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("family, target, options", [
-    ("HiddenRescaling", "blocks.0.mlp", {}), ("LayerNormScale", "blocks.0", {"which": "ln_2"})])
-def test_a_gd_step_changes_a_declared_flow_invariant_at_second_order(family, target, options):
-    """A step ten times smaller changes the invariant about a hundred times less."""
+@pytest.mark.parametrize("family, target, options, config, order", [
+    ("HiddenRescaling", "blocks.0.mlp", {}, {}, 2),
+    ("LayerNormScale", "blocks.0", {"which": "ln_2"}, {}, 2),
+    ("QKTransform", "blocks.0.attn", {}, {"rope": True}, 2),  # the commutant's part
+    ("KeyBiasShift", "blocks.0.attn", {}, {"rope": True, "n_embd": 12}, 0),  # unrotated only
+    ("EmbeddingShift", "", {}, {"rope": True}, 0),
+    ("LayerNormShift", "blocks.0", {"which": "ln_1"}, {}, 1),  # b along the readers' rows
+])
+def test_a_gd_step_changes_a_flow_invariant_at_the_order_its_docstring_says(
+        family, target, options, config, order):
+    """A step ten times smaller changes a conserved invariant about a hundred times less (order
+    2), a fixed translation's not at all (0), and one whose direction other parameters set
+    about ten times less (1)."""
+    import gaugebook.gauge as gauge
     import gaugebook.gpt_gauge as gpt_gauge
+    from gaugebook.gpt_redundancy import make_generic_
     from gaugebook.mechanics import flow_invariant
 
-    family = getattr(gpt_gauge, family)
+    family = getattr(gpt_gauge, family, None) or getattr(gauge, family)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 11, (4, 6), generator=g)
     changes = []
     for lr in (1e-2, 1e-3):
         torch.manual_seed(0)
-        gpt = GPT(GPTConfig(11, 6, 1, 2, 8, activation="prelu")).double()
+        size = {"n_embd": 8, **config}
+        gpt = GPT(GPTConfig(11, 6, 1, 2, activation="prelu", **size))
+        gpt = make_generic_(gpt, generator=torch.Generator().manual_seed(1)).double()  # biases != 0
         before = flow_invariant(gpt, family, target, **options)
         _, loss = gpt(idx, idx)
         loss.backward()
@@ -402,4 +415,7 @@ def test_a_gd_step_changes_a_declared_flow_invariant_at_second_order(family, tar
             for p in gpt.parameters():
                 p -= lr * p.grad
         changes.append((flow_invariant(gpt, family, target, **options) - before).norm().item())
-    assert changes[1] > 0 and 70 < changes[0] / changes[1] < 130
+    if order == 0:
+        assert max(changes) < 1e-12
+    else:
+        assert 0.7 * 10**order < changes[0] / changes[1] < 1.3 * 10**order, changes

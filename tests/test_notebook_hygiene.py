@@ -22,7 +22,9 @@ A code cell is *visible* when the page shows its source: cells tagged ``remove-i
 - no chapter's markdown uses a TeX macro that only the rendered book defines (``_config.yml``):
   Jupyter, JupyterLab on Binder, VS Code and GitHub show the notebook without it;
 - every chapter numbers its learning objectives, every exercise names the ones it practises,
-  and every objective has an exercise.
+  and every objective has an exercise,
+- every library name the text of a chapter or page spells out (``gaugebook.module.name``)
+  exists (chapter 4 named a basis function after it had moved and been renamed).
 
 These read the notebooks' JSON only (no kernel), so they are cheap. Run this file as a script
 (``python tests/test_notebook_hygiene.py``) to print the numbers per chapter.
@@ -302,3 +304,29 @@ def test_every_exercise_names_the_objectives_it_practises():
         unpractised = sorted(set(range(1, len(items) + 1)) - practised)
         assert not unpractised, f"{path.name}: no exercise practises objectives {unpractised}"
     assert tagged >= 60
+
+
+def test_every_library_name_in_the_text_exists():
+    """``gaugebook.x.y`` in markdown resolves: the longest importable module prefix, then
+    attributes (addresses such as ``gaugebook.github.io`` are not names)."""
+    import importlib
+
+    def resolves(dotted: str) -> bool:
+        parts = dotted.split(".")
+        for k in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+            except ImportError:
+                continue
+            for name in parts[k:]:
+                if not hasattr(obj, name):
+                    return False
+                obj = getattr(obj, name)
+            return True
+        return False
+
+    pages = NOTEBOOKS + sorted(BOOK.glob("*.md"))
+    missing = sorted({f"{path.name}: {name}" for path in pages for text in markdown_texts(path)
+                      for name in re.findall(r"gaugebook(?:\.[A-Za-z_]\w*)+(?![\w/])", text)
+                      if not name.startswith("gaugebook.github") and not resolves(name)})
+    assert not missing, missing

@@ -92,6 +92,22 @@ def test_the_orbit_of_a_gpt_takes_every_declared_symmetry(kw, output):
     o = orbit_dimension(model)
     assert o.free and o.orbit == o.lie == predicted_redundancy(model) and o.gap > 1e8
     assert orbit_tangents(model).shape == (gpt.num_params(), o.lie)
+    gpt.blocks[0].attn.requires_grad_(False)  # the orbit is the weights', trained or not
+    assert orbit_dimension(model).orbit == o.orbit
+
+
+def test_the_orbit_of_a_gpt_with_one_wide_head_has_a_stabiliser():
+    """With d_head = n_embd some generators move the weights along the same directions (a
+    stabiliser of dimension 1 here, measured), so the action is not free; the orbit still has
+    the predicted dimension."""
+    g = torch.Generator().manual_seed(0)
+    gpt = make_generic_(GPT(GPTConfig(11, 6, n_layer=1, n_head=1, n_embd=6)), generator=g)
+    o = orbit_dimension(LogProbabilities(gpt.double()))
+    assert o.stabiliser == 1 and o.orbit == predicted_redundancy(LogProbabilities(gpt))
+    with pytest.raises(ValueError, match="at eps = 0 the residual-stream scaling"):
+        orbit_dimension(GPT(GPTConfig(11, 6, n_layer=1, n_head=2, n_embd=6,
+                                      layer_norm_eps=0.0)).double())
+
 
 def test_rope_bases():
     assert len(qk_algebra(MultiHeadAttention(6, 1, 6, rope=True))) == 6

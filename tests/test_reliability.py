@@ -2,6 +2,7 @@
 import dataclasses
 import fcntl
 import json
+import math
 import subprocess
 
 import pytest
@@ -118,6 +119,7 @@ def test_a_stored_config_without_a_required_key_is_named():
     with pytest.raises(ValueError, match=r"RunConfig is missing required keys \['optimizer'\]"):
         RunConfig.from_dict({"seed": 1})
 
+
 def test_stale_temporary_files_are_removed(tmp_path):
     cfg = tiny()
     (tmp_path / "checkpoints").mkdir(parents=True)
@@ -233,6 +235,27 @@ def test_analyses_refuse_non_finite_weights_and_inputs():
                  lambda: minimise_over_orbit(attn, lambda y: y.square().mean(), x, steps=1)):
         with pytest.raises(ValueError, match="parameter W_Q of MultiHeadAttention is not finite"):
             call()
+
+
+def test_an_infinite_mask_buffer_is_allowed_and_a_nan_buffer_refused():
+    """A -inf causal mask is a buffer like any other: the Jacobian of such a model is measured
+    (it was refused when the non-finite check came to every Jacobian)."""
+    from gaugebook.redundancy import jacobian
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+            self.register_buffer("mask", torch.full((3, 3), -math.inf).triu(1))
+
+        def forward(self, x):
+            return torch.softmax(x @ self.w + self.mask, dim=-1)
+
+    m, x = Masked(), torch.randn(2, 3, 3, dtype=torch.float64)
+    assert jacobian(m, x).shape == (18, 9)
+    m.mask[0, 0] = math.nan
+    with pytest.raises(ValueError, match="buffer mask of Masked holds a NaN"):
+        jacobian(m, x)
 
 
 def test_bad_tolerances_permutations_and_probe_vocabularies_are_refused():

@@ -259,8 +259,12 @@ def test_read_benchmark_reads_the_recorded_json_of_benchmarks_results(tmp_path, 
     (folder / "x.json").write_text('{"provenance": {"device": "cpu"}}')
     monkeypatch.chdir(tmp_path)
     assert read_benchmark("x.json") == {"provenance": {"device": "cpu"}}
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="no file benchmarks/results/y.json"):
         read_benchmark("y.json")
+    inner = tmp_path / "other" / "benchmarks" / "results"  # a folder without the file:
+    inner.mkdir(parents=True)  # the search goes on to the parents
+    monkeypatch.chdir(tmp_path / "other")
+    assert read_benchmark("x.json") == {"provenance": {"device": "cpu"}}
 
 
 def test_find_results_falls_back_to_the_copy_installed_with_the_package(tmp_path, monkeypatch):

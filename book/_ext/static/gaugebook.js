@@ -15,3 +15,24 @@ document.addEventListener("DOMContentLoaded", function () {
     link.appendChild(img);
   });
 });
+
+// On a phone a table of prose shows each row as a block of its cells (gaugebook.css), without
+// the header row: each cell gets its column's name as data-label, which the style sheet shows
+// in front of the cell there. Computed tables in cell outputs keep their columns.
+document.addEventListener("DOMContentLoaded", function () {
+  document.querySelectorAll("article.bd-article table").forEach(function (table) {
+    if (table.closest("div.cell_output")) {
+      return;
+    }
+    var names = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) {
+      return th.textContent.trim();
+    });
+    table.querySelectorAll("tbody tr").forEach(function (row) {
+      Array.prototype.forEach.call(row.children, function (cell, i) {
+        if (names[i]) {
+          cell.setAttribute("data-label", names[i]);
+        }
+      });
+    });
+  });
+});
