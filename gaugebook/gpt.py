@@ -27,7 +27,7 @@ from gaugebook.checks import (check_bool, check_integer_dtype, check_number,
                               check_positive_ints, dataclass_from_dict)
 
 __all__ = ["GPTConfig", "GPT", "Block", "MLP", "PReLU", "ACTIVATIONS", "PRELU_INITS",
-           "check_block_options", "eval_mode"]
+           "check_block_options", "eval_mode", "activations"]
 
 ACTIVATIONS = ("gelu", "prelu")
 INIT_STD = 0.02  # GPT-2's initializer_range
@@ -48,6 +48,29 @@ def eval_mode(model: nn.Module):
     finally:
         for module, training in modes:
             module.training = training
+
+
+def activations(model: nn.Module, idx: torch.Tensor, modules: list[nn.Module], *,
+                output: bool = False) -> list[torch.Tensor]:
+    """What each of ``modules`` (submodules of ``model``) receives as its first input, or with
+    ``output`` returns, when ``model`` reads ``idx`` in eval mode (:func:`eval_mode`): one tensor
+    per module, in the order given (a module called twice: its last call)."""
+    seen: list[torch.Tensor | None] = [None] * len(modules)
+
+    def keep(i):
+        if output:
+            return lambda _module, _args, out: seen.__setitem__(i, out)
+        return lambda _module, args: seen.__setitem__(i, args[0])
+
+    hooks = [m.register_forward_hook(keep(i)) if output else m.register_forward_pre_hook(keep(i))
+             for i, m in enumerate(modules)]
+    try:
+        with eval_mode(model):
+            model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def check_block_options(*, n_embd: int, n_head: int, n_kv_head: int, bias: bool, activation: str,

@@ -53,8 +53,8 @@ from torch import nn
 
 from gaugebook.attention import MultiHeadAttention
 from gaugebook.checks import check_bool, check_number
-from gaugebook.gpt import (ACTIVATIONS, GPT, Block, GPTConfig, PReLU, check_block_options,
-                           eval_mode)
+from gaugebook.gpt import (ACTIVATIONS, GPT, Block, GPTConfig, PReLU, activations,
+                           check_block_options)
 from gaugebook.gauge import ATTENTION_ALGEBRA
 from gaugebook.gpt_gauge import (LAYERNORMS, EmbeddingShift, HiddenRescaling, LayerNormScale,
                                  LayerNormShift, PositionCentring, ReaderCentring,
@@ -396,13 +396,5 @@ def positive_fraction(model: GPT | LogProbabilities, idx: torch.Tensor) -> torch
     gpt = model.gpt if isinstance(model, LogProbabilities) else model
     if not isinstance(gpt, GPT):
         raise TypeError(f"expected a GPT or LogProbabilities, got {type(model).__name__}")
-    inputs = []
-    hooks = [block.mlp.c_fc.register_forward_hook(lambda mod, args, out: inputs.append(out))
-             for block in gpt.blocks]
-    try:
-        with eval_mode(gpt):
-            gpt(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    inputs = activations(gpt, idx, [block.mlp.c_fc for block in gpt.blocks], output=True)
     return torch.stack([(z > 0).flatten(0, 1).double().mean(0) for z in inputs])  # (L, 4D)

@@ -45,7 +45,7 @@ import math
 import torch
 
 from gaugebook.data import Category
-from gaugebook.gpt import GPT, eval_mode
+from gaugebook.gpt import GPT, activations
 
 __all__ = ["STRUCTURAL", "SUPPRESSED", "attention_inputs", "layer_keys", "query_offset",
            "reference_vectors", "key_log_factor", "reweight", "key_alignment", "log_factors",
@@ -70,16 +70,7 @@ def attention_inputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     """The input ``ln_1(x) [B, T, D]`` of every block's attention when ``model`` reads ``idx``
     in eval mode (mean biases); the model's train/eval mode is restored afterwards."""
     _check_model(model)
-    captured: list[torch.Tensor] = []
-    hooks = [block.attn.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
-             for block in model.blocks]
-    try:
-        with eval_mode(model):
-            model(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return captured
+    return activations(model, idx, [block.attn for block in model.blocks])
 
 
 @torch.no_grad()

@@ -411,3 +411,21 @@ def test_per_tensor_ecd_over_gpt2_tensors_follows_a_fused_c_attn_model():
         gap = max((a - b).abs().max().item() for a, b in zip(other.parameters(),
                                                             expected.parameters()))
         assert gap > 1e-6, kw
+
+
+def test_activations_are_what_the_modules_see_in_eval_mode():
+    """Inputs or outputs of chosen submodules, in the order given, with the mean biases of eval
+    mode; the modes and hooks are left as they were."""
+    from gaugebook.gpt import activations
+
+    torch.manual_seed(0)
+    model = GPT(config(symmetry_breaking="bqv", mu_v=0.5)).train()
+    idx = torch.randint(0, V, (2, T))
+    fc = [block.mlp.c_fc for block in model.blocks]
+    inputs = activations(model, idx, [model.blocks[1].ln_2, model.blocks[0].ln_2])
+    outputs = activations(model, idx, fc, output=True)
+    assert model.training and all(not m._forward_hooks and not m._forward_pre_hooks
+                                  for m in model.modules())
+    model.eval()
+    assert torch.equal(outputs[1], fc[1](model.blocks[1].ln_2(inputs[0])))
+    assert torch.equal(activations(model, idx, fc, output=True)[0], outputs[0])
