@@ -74,11 +74,12 @@ def orbit_tangents(m: MultiHeadAttention | GPT | LogProbabilities) -> torch.Tens
     residual-stream scaling, which has no term, is exact too). Each family's columns are
     :func:`gaugebook.lie.tangent_map` of its factor. Float64.
     """
-    if isinstance(m, (GPT, LogProbabilities)):
-        check_finite_tensors(m)
-        return torch.cat(list(redundant_directions(m, trainable_only=False).values()), dim=1)
-    _check(m)
+    whole_gpt = isinstance(m, (GPT, LogProbabilities))
+    if not whole_gpt:
+        _check(m)
     check_finite_tensors(m)
+    if whole_gpt:
+        return torch.cat(list(redundant_directions(m, trainable_only=False).values()), dim=1)
     per_family = [tangent_map(m, family, trainable_only=False).unflatten(1, (m.n_kv_heads, -1))
                   for family in ATTENTION_ALGEBRA]  # (n_params, Hkv, k_family) each
     return torch.cat(per_family, dim=2).flatten(1)
